@@ -1,0 +1,278 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Traversal of IR graphs and the graph hash: iterative, linear, no recursion limit."""
+
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.stdint cimport uint64_t
+from libc.string cimport memcpy
+
+from ir_core._nodes cimport Node, Value
+from ir_core._xxhash cimport (
+    XXH128_hash_t,
+    XXH3_128bits_digest,
+    XXH3_128bits_reset,
+    XXH3_128bits_update,
+    XXH3_createState,
+    XXH3_freeState,
+    XXH3_state_t,
+)
+
+from ir_core._errors import OperandError
+from ir_core._nodes import DeviceData, Generic
+
+
+# Each traversal stamps the nodes it reaches with a fresh epoch instead of filling a visited
+# set. Epochs are taken and nodes stamped only while this thread holds the GIL and runs no
+# Python code, so two traversals never see each other's stamps.
+cdef uint64_t _epoch = 0
+
+
+cdef struct Frame:
+    PyObject* node
+    Py_ssize_t next_operand
+
+
+cdef struct Order:
+    PyObject** nodes    # post-order; borrowed: the roots keep every reachable node alive
+    Py_ssize_t size
+    Py_ssize_t cap
+
+
+cdef int _reserve(void** p, Py_ssize_t* cap, Py_ssize_t need, size_t item) except -1:
+    if need <= cap[0]:
+        return 0
+    cdef Py_ssize_t new_cap = cap[0] * 2 if cap[0] else 64
+    while new_cap < need:
+        new_cap *= 2
+    cdef void* q = PyMem_Realloc(p[0], new_cap * item)
+    if q == NULL:
+        raise MemoryError()
+    p[0] = q
+    cap[0] = new_cap
+    return 0
+
+
+cdef tuple _root_nodes(object roots):
+    """The node of each root (a Value or a node), and each root's output index (-1 for a node)."""
+    if isinstance(roots, (Value, Node)):
+        roots = (roots,)
+    nodes = []
+    indices = []
+    for k, r in enumerate(roots):
+        if type(r) is Value:
+            nodes.append((<Value>r).node)
+            indices.append((<Value>r).index)
+        elif isinstance(r, Node):
+            nodes.append(r)
+            indices.append(-1)
+        else:
+            raise OperandError(
+                f"root {k} is {r!r} ({type(r).__name__}); roots must be ir_core.Value or nodes")
+    return tuple(nodes), tuple(indices)
+
+
+cdef int _collect(tuple roots, Order* out) except -1:
+    """Post-order of everything reachable from ``roots``, each node once; sets ``node._pos``.
+
+    Calls no Python code (see ``_epoch``)."""
+    global _epoch
+    _epoch += 1
+    cdef uint64_t epoch = _epoch
+    cdef Frame* stack = NULL
+    cdef Py_ssize_t depth = 0, stack_cap = 0, r
+    cdef Node node, child
+    cdef tuple operands
+    try:
+        for r in range(PyTuple_GET_SIZE(roots)):
+            node = <Node>PyTuple_GET_ITEM(roots, r)
+            if node._mark == epoch:
+                continue
+            node._mark = epoch
+            _reserve(<void**>&stack, &stack_cap, depth + 1, sizeof(Frame))
+            stack[depth].node = <PyObject*>node
+            stack[depth].next_operand = 0
+            depth += 1
+            while depth:
+                node = <Node>stack[depth - 1].node
+                operands = node._operands
+                if stack[depth - 1].next_operand < PyTuple_GET_SIZE(operands):
+                    child = (<Value>PyTuple_GET_ITEM(
+                        operands, stack[depth - 1].next_operand)).node
+                    stack[depth - 1].next_operand += 1
+                    # Nodes are built from existing nodes only, so the graph has no cycles and a
+                    # node can be marked when first reached.
+                    if child._mark != epoch:
+                        child._mark = epoch
+                        _reserve(<void**>&stack, &stack_cap, depth + 1, sizeof(Frame))
+                        stack[depth].node = <PyObject*>child
+                        stack[depth].next_operand = 0
+                        depth += 1
+                else:
+                    depth -= 1
+                    _reserve(<void**>&out.nodes, &out.cap, out.size + 1, sizeof(PyObject*))
+                    node._pos = out.size
+                    out.nodes[out.size] = <PyObject*>node
+                    out.size += 1
+    finally:
+        PyMem_Free(stack)
+    return 0
+
+
+def post_order(roots):
+    """Every node reachable from ``roots``, each once, operands before their users.
+
+    Args:
+        roots: a ``Value`` or node, or an iterable of them. Operands are visited in order, and
+            roots in the order given, so the order is deterministic.
+
+    Returns:
+        A list of nodes.
+    """
+    cdef tuple nodes = _root_nodes(roots)[0]
+    cdef Order order = Order(NULL, 0, 0)
+    cdef Py_ssize_t k
+    try:
+        _collect(nodes, &order)
+        result = PyList_New(order.size)
+        for k in range(order.size):
+            Py_INCREF(<object>order.nodes[k])
+            PyList_SET_ITEM(result, k, <object>order.nodes[k])
+        return result
+    finally:
+        PyMem_Free(order.nodes)
+
+
+cdef enum:
+    CHUNK = 1 << 16
+    ITEM_MAX = 9 + 9 + 16   # the longest run put_* writes at once: a bytes item of 16
+
+
+cdef struct Stream:
+    XXH3_state_t* state
+    char* buf
+    Py_ssize_t size
+
+
+cdef inline void _flush(Stream* s) noexcept:
+    XXH3_128bits_update(s.state, s.buf, s.size)
+    s.size = 0
+
+
+cdef inline void _put_u64(Stream* s, char tag, uint64_t v) noexcept:
+    if s.size + ITEM_MAX > CHUNK:
+        _flush(s)
+    cdef char* p = s.buf + s.size
+    cdef int k
+    p[0] = tag
+    for k in range(8):
+        p[1 + k] = <char>((v >> (8 * k)) & 0xFF)
+    s.size += 9
+
+
+cdef inline void _put_hash(Stream* s, uint64_t lo, uint64_t hi) noexcept:
+    _put_u64(s, c'y', 16)
+    cdef char* p = s.buf + s.size
+    cdef int k
+    for k in range(8):
+        p[k] = <char>((lo >> (8 * k)) & 0xFF)
+        p[8 + k] = <char>((hi >> (8 * k)) & 0xFF)
+    s.size += 16
+
+
+cdef inline void _put_ref(Stream* s, Py_ssize_t pos, Py_ssize_t index) noexcept:
+    _put_u64(s, c't', 2)
+    _put_u64(s, c'i', <uint64_t>pos)
+    _put_u64(s, c'i', <uint64_t>index)
+
+
+def graph_hash(roots):
+    """XXH3-128 of the whole graph reachable from ``roots``, sharing included.
+
+    ``dag_hash`` hashes each node's expression tree, so it cannot tell ``f(a, b)`` from
+    ``f(a, a)`` when ``a`` and ``b`` are leaves of one shape. The graph hash encodes the graph
+    itself: each node, in post-order, as its ``node_hash`` and its operands' post-order positions,
+    then the roots' positions. Equal graph hashes mean the same program over the same parameter
+    list; it is what a compile cache must key on.
+
+    Args:
+        roots: a ``Value`` or node, or an iterable of them; a node root stands for all of its
+            outputs (output index -1 in the encoding).
+
+    Returns:
+        A 128-bit int.
+    """
+    cdef tuple nodes, indices
+    nodes, indices = _root_nodes(roots)
+    cdef Order order = Order(NULL, 0, 0)
+    cdef Stream s = Stream(NULL, NULL, 0)
+    cdef Py_ssize_t k, j, n
+    cdef Node node
+    cdef Value v
+    cdef XXH128_hash_t h
+    cdef Py_ssize_t* root_index = <Py_ssize_t*>PyMem_Malloc(
+        (PyTuple_GET_SIZE(indices) + 1) * sizeof(Py_ssize_t))
+    try:
+        if root_index == NULL:
+            raise MemoryError()
+        for k in range(PyTuple_GET_SIZE(indices)):
+            root_index[k] = <object>PyTuple_GET_ITEM(indices, k)
+        s.state = XXH3_createState()
+        s.buf = <char*>PyMem_Malloc(CHUNK)
+        if s.state == NULL or s.buf == NULL:
+            raise MemoryError()
+        XXH3_128bits_reset(s.state)
+        _collect(nodes, &order)
+        # From _collect to here nothing runs Python code, so every _pos read below is this
+        # traversal's.
+        _put_u64(&s, c't', 2)
+        _put_u64(&s, c't', <uint64_t>order.size)
+        for k in range(order.size):
+            node = <Node>order.nodes[k]
+            n = PyTuple_GET_SIZE(node._operands)
+            _put_u64(&s, c't', 2)
+            _put_hash(&s, node._nh_lo, node._nh_hi)
+            _put_u64(&s, c't', <uint64_t>n)
+            for j in range(n):
+                v = <Value>PyTuple_GET_ITEM(node._operands, j)
+                _put_ref(&s, v.node._pos, v.index)
+        _put_u64(&s, c't', <uint64_t>PyTuple_GET_SIZE(nodes))
+        for k in range(PyTuple_GET_SIZE(nodes)):
+            _put_ref(&s, (<Node>PyTuple_GET_ITEM(nodes, k))._pos, root_index[k])
+        _flush(&s)
+        h = XXH3_128bits_digest(s.state)
+    finally:
+        PyMem_Free(root_index)
+        PyMem_Free(order.nodes)
+        PyMem_Free(s.buf)
+        if s.state != NULL:
+            XXH3_freeState(s.state)
+    return (<object>h.high64 << 64) | <object>h.low64
+
+
+def _reduce_node(Node node):
+    """Pickle support: a node as the flat post-order record list of its subgraph."""
+    nodes = post_order((node,))
+    position = {n: k for k, n in enumerate(nodes)}
+    records = []
+    for n in nodes:
+        if type(n) is DeviceData:
+            records.append(("DeviceData", n.shape, n.handle, n.sharding))
+        else:
+            operands = tuple([(position[v.node], v.index) for v in n.operands])
+            records.append(("Generic", n.op, operands, n.shapes, dict(n.attrs), n.sharding))
+    return _rebuild_graph, (records,)
+
+
+def _rebuild_graph(records):
+    """Rebuild the nodes of ``_reduce_node``'s records, in order; return the last (the root)."""
+    built = []
+    for r in records:
+        if r[0] == "DeviceData":
+            built.append(DeviceData(r[1], r[2], r[3]))
+        else:
+            operands = tuple([Value(built[p], i) for p, i in r[2]])
+            built.append(Generic(r[1], operands, r[3], r[4], r[5]))
+    return built[len(built) - 1]

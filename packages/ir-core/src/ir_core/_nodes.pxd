@@ -1,0 +1,29 @@
+from libc.stdint cimport uint64_t
+
+
+cdef class Shape:
+    cdef readonly str dtype
+    cdef readonly tuple dims
+    # The canonical encoding of (dtype, dims), spliced into every node that has this shape.
+    cdef bytes _enc
+    cdef Py_hash_t _hash
+
+
+cdef class Node:
+    cdef str _op
+    cdef tuple _operands        # tuple[Value, ...]
+    cdef tuple _shapes          # tuple[Shape, ...]
+    cdef dict _attrs            # keys sorted; private, never mutated, exposed read-only
+    cdef object _attrs_view
+    cdef object _sharding
+    cdef bytes _sharding_bytes  # None when unsharded
+    cdef uint64_t _nh_lo, _nh_hi, _dh_lo, _dh_hi
+    # Traversal scratch, not part of the node's identity or hash: written by _graph only while
+    # it holds the GIL and calls no Python code, so two traversals never interleave.
+    cdef uint64_t _mark
+    cdef Py_ssize_t _pos
+
+
+cdef class Value:
+    cdef readonly Node node
+    cdef readonly Py_ssize_t index

@@ -1,0 +1,686 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Immutable IR nodes whose XXH3-128 hashes are computed once, in the constructor.
+
+The canonical encoding that feeds the hashes is specified in the package README; the tests hold
+this module to a reference implementation built on the ``xxhash`` package.
+"""
+
+cimport cython
+from cpython.dict cimport PyDict_Next
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_Compare
+from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memcpy
+
+from ir_core._xxhash cimport XXH128_hash_t, XXH3_128bits
+
+from operator import index as _as_index
+from types import MappingProxyType
+
+from ir_core._errors import (
+    AttributeTypeError,
+    NodeSpecError,
+    OperandError,
+    OutputIndexError,
+    ShapeError,
+    ShardingTypeError,
+)
+
+
+# dtype names as numpy and torch spell them. Interned: a Shape's dtype is always one of these
+# very string objects, so comparing dtypes is a pointer comparison.
+DTYPES = frozenset((
+    "bool",
+    "int8", "int16", "int32", "int64",
+    "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+    "complex64", "complex128",
+))
+cdef dict _DTYPE_INTERN = {name: name for name in DTYPES}
+
+cdef enum:
+    INLINE_CAP = 512    # bytes encoded on the stack before the buffer moves to the heap
+    MAX_DEPTH = 64      # nesting of tuples inside an attribute value
+    SORT_INLINE = 32    # attributes sorted in a C array; more go through list.sort
+
+cdef uint64_t CANONICAL_NAN = 0x7FF8000000000000ULL
+
+
+# ---------------------------------------------------------------------------------------------
+# The byte buffer the canonical encoding is written into.
+
+cdef struct Buf:
+    char* data
+    Py_ssize_t size
+    Py_ssize_t cap
+    char inline_[INLINE_CAP]
+
+
+cdef inline void buf_init(Buf* b) noexcept:
+    b.data = b.inline_
+    b.size = 0
+    b.cap = INLINE_CAP
+
+
+cdef inline void buf_free(Buf* b) noexcept:
+    if b.data != b.inline_:
+        PyMem_Free(b.data)
+    b.data = b.inline_
+
+
+cdef int buf_grow(Buf* b, Py_ssize_t need) except -1:
+    cdef Py_ssize_t cap = b.cap * 2
+    while cap < b.size + need:
+        cap *= 2
+    cdef char* p = <char*>PyMem_Malloc(cap)
+    if p == NULL:
+        raise MemoryError()
+    memcpy(p, b.data, b.size)
+    buf_free(b)
+    b.data = p
+    b.cap = cap
+    return 0
+
+
+cdef inline int put_raw(Buf* b, const char* p, Py_ssize_t n) except -1:
+    if b.size + n > b.cap:
+        buf_grow(b, n)
+    memcpy(b.data + b.size, p, n)
+    b.size += n
+    return 0
+
+
+cdef inline int put_byte(Buf* b, char c) except -1:
+    if b.size + 1 > b.cap:
+        buf_grow(b, 1)
+    b.data[b.size] = c
+    b.size += 1
+    return 0
+
+
+cdef inline void store_u64le(char* p, uint64_t v) noexcept:
+    # Byte by byte, so the encoding is little-endian on every host; compilers emit one store.
+    cdef int k
+    for k in range(8):
+        p[k] = <char>((v >> (8 * k)) & 0xFF)
+
+
+cdef inline int put_tag_u64(Buf* b, char tag, uint64_t v) except -1:
+    if b.size + 9 > b.cap:
+        buf_grow(b, 9)
+    b.data[b.size] = tag
+    store_u64le(b.data + b.size + 1, v)
+    b.size += 9
+    return 0
+
+
+cdef inline int put_hash(Buf* b, uint64_t lo, uint64_t hi) except -1:
+    # A 128-bit hash as a bytes item: 'y', length 16, then the integer's 16 little-endian bytes.
+    put_tag_u64(b, c'y', 16)
+    if b.size + 16 > b.cap:
+        buf_grow(b, 16)
+    store_u64le(b.data + b.size, lo)
+    store_u64le(b.data + b.size + 8, hi)
+    b.size += 16
+    return 0
+
+
+cdef inline int put_str(Buf* b, str s) except -1:
+    cdef Py_ssize_t n
+    cdef const char* p = PyUnicode_AsUTF8AndSize(s, &n)
+    put_tag_u64(b, c's', <uint64_t>n)
+    return put_raw(b, p, n)
+
+
+cdef int put_value(Buf* b, object v, int depth) except -1:
+    """Encode one attribute value: type tag, then a fixed-size or length-prefixed payload."""
+    cdef type t = type(v)
+    cdef int overflow = 0
+    cdef long long i
+    cdef double d
+    cdef uint64_t bits
+    cdef Py_ssize_t k, n
+    if v is None:
+        return put_byte(b, c'N')
+    if t is bool:
+        put_byte(b, c'B')
+        return put_byte(b, 1 if v is True else 0)
+    if t is int:
+        i = PyLong_AsLongLongAndOverflow(v, &overflow)
+        if overflow == 0:
+            return put_tag_u64(b, c'i', <uint64_t>i)
+        raw = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
+        put_tag_u64(b, c'J', <uint64_t>len(raw))
+        return put_raw(b, raw, len(raw))
+    if t is float:
+        d = v
+        if d != d:
+            bits = CANONICAL_NAN
+        else:
+            memcpy(&bits, &d, 8)
+        return put_tag_u64(b, c'f', bits)
+    if t is str:
+        return put_str(b, v)
+    if t is bytes:
+        put_tag_u64(b, c'y', <uint64_t>len(<bytes>v))
+        return put_raw(b, v, len(<bytes>v))
+    if t is tuple:
+        if depth >= MAX_DEPTH:
+            raise AttributeTypeError(
+                f"tuple nested deeper than {MAX_DEPTH} levels; flatten the attribute value")
+        n = PyTuple_GET_SIZE(v)
+        put_tag_u64(b, c't', <uint64_t>n)
+        for k in range(n):
+            put_value(b, <object>PyTuple_GET_ITEM(v, k), depth + 1)
+        return 0
+    hint = "; use a tuple" if t is list else ""
+    raise AttributeTypeError(
+        f"{v!r} of type {t.__name__} has no canonical encoding: attribute values must be None, "
+        f"bool, int, float, str, bytes or tuples of those{hint}")
+
+
+cdef dict put_attrs(Buf* b, object attrs, str op):
+    """Encode a mapping, keys in code-point order, and return a private dict in that order."""
+    cdef dict src
+    cdef Py_ssize_t n, k, j, pos = 0
+    cdef PyObject* key
+    cdef PyObject* val
+    cdef PyObject* keys[SORT_INLINE]
+    cdef list key_list
+    if attrs is None:
+        put_tag_u64(b, c'm', 0)
+        return _EMPTY_ATTRS
+    if type(attrs) is dict:
+        src = <dict>attrs
+    else:
+        try:
+            src = dict(attrs)
+        except (TypeError, ValueError):
+            raise AttributeTypeError(
+                f"attrs of {op!r} must be a mapping of str to values, got {attrs!r}") from None
+    n = len(src)
+    put_tag_u64(b, c'm', <uint64_t>n)
+    if n == 0:
+        return _EMPTY_ATTRS
+    if n <= SORT_INLINE:
+        # Insertion sort in a C array: n is small and comparing str objects is a memcmp.
+        k = 0
+        while PyDict_Next(src, &pos, &key, &val):
+            if type(<object>key) is not str:
+                _bad_key(<object>key, op)
+            j = k
+            while j > 0 and PyUnicode_Compare(<object>keys[j - 1], <object>key) > 0:
+                keys[j] = keys[j - 1]
+                j -= 1
+            keys[j] = key
+            k += 1
+    else:
+        for obj in src:
+            if type(obj) is not str:
+                _bad_key(obj, op)
+        key_list = sorted(src)
+    cdef dict out = {}
+    for k in range(n):
+        kobj = <object>keys[k] if n <= SORT_INLINE else key_list[k]
+        vobj = src[kobj]
+        put_str(b, kobj)
+        try:
+            put_value(b, vobj, 0)
+        except AttributeTypeError as e:
+            raise AttributeTypeError(f"attribute {kobj!r} of {op!r}: {e}") from None
+        out[kobj] = vobj
+    return out
+
+
+cdef int _bad_key(object key, str op) except -1:
+    raise AttributeTypeError(
+        f"attribute name {key!r} of {op!r} is a {type(key).__name__}; attribute names must be str")
+
+
+cdef dict _EMPTY_ATTRS = {}
+cdef object _EMPTY_ATTRS_VIEW = MappingProxyType(_EMPTY_ATTRS)
+
+
+cdef bytes _sharding_bytes(object sharding):
+    if sharding is None:
+        return None
+    try:
+        method = sharding.canonical_bytes
+    except AttributeError:
+        raise ShardingTypeError(
+            f"sharding {sharding!r} of type {type(sharding).__name__} does not supply its "
+            f"canonical bytes: an annotation must define canonical_bytes() -> bytes "
+            f"(ir_sharding.ShardingSpec does), or be None for unsharded") from None
+    raw = method()
+    if type(raw) is not bytes:
+        raise ShardingTypeError(
+            f"{type(sharding).__name__}.canonical_bytes() returned {type(raw).__name__}, "
+            f"expected bytes")
+    return raw
+
+
+cdef inline object _u128(uint64_t lo, uint64_t hi):
+    return (<object>hi << 64) | <object>lo
+
+
+# ---------------------------------------------------------------------------------------------
+
+cdef object INT64_MAX = 2 ** 63 - 1
+
+
+cdef object _dim_as_int(object d, Py_ssize_t k, tuple dims):
+    if type(d) is bool:
+        raise ShapeError(f"dim {k} of {dims!r} is a bool; dims must be integers")
+    try:
+        return _as_index(d)
+    except TypeError:
+        raise ShapeError(
+            f"dim {k} of {dims!r} is {d!r} ({type(d).__name__}); dims must be integers") from None
+
+
+@cython.final
+@cython.no_gc
+cdef class Shape:
+    """The dtype and dims of one output: ``Shape("float32", (4, 8))``.
+
+    Args:
+        dtype: a name from ``DTYPES``, spelled as numpy and torch spell it.
+        dims: non-negative integers, one per dimension; ``()`` for a scalar.
+    """
+
+    def __cinit__(self, dtype, dims):
+        interned = _DTYPE_INTERN.get(dtype) if type(dtype) is str else None
+        if interned is None:
+            raise ShapeError(
+                f"unknown dtype {dtype!r}: expected one of {', '.join(sorted(DTYPES))}")
+        if type(dims) is not tuple:
+            if isinstance(dims, (str, bytes)) or not hasattr(dims, "__iter__"):
+                raise ShapeError(f"dims must be a sequence of ints, got {dims!r}")
+            dims = tuple(dims)
+        cdef list fixed = None
+        for k, d in enumerate(<tuple>dims):
+            if type(d) is not int:
+                d = _dim_as_int(d, k, dims)
+                if fixed is None:
+                    fixed = list(dims)
+                fixed[k] = d
+            if d < 0 or d > INT64_MAX:
+                raise ShapeError(f"dim {k} of {dims!r} is {d}; dims must be in [0, 2**63)")
+        if fixed is not None:
+            dims = tuple(fixed)
+        self.dtype = <str>interned
+        self.dims = <tuple>dims
+        cdef Buf b
+        buf_init(&b)
+        try:
+            put_value(&b, (self.dtype, self.dims), 0)
+            self._enc = b.data[:b.size]
+            self._hash = <Py_hash_t>XXH3_128bits(b.data, b.size).low64
+        finally:
+            buf_free(&b)
+        if self._hash == -1:
+            self._hash = -2
+
+    @property
+    def rank(self):
+        return len(self.dims)
+
+    @property
+    def numel(self):
+        cdef object n = 1
+        for d in self.dims:
+            n *= d
+        return n
+
+    def __eq__(self, other):
+        if type(other) is not Shape:
+            return NotImplemented
+        return self.dtype is (<Shape>other).dtype and self.dims == (<Shape>other).dims
+
+    def __hash__(self):
+        return self._hash
+
+    def __repr__(self):
+        return f"Shape({self.dtype!r}, {self.dims!r})"
+
+    def __str__(self):
+        return f"{self.dtype}[{','.join(map(str, self.dims))}]"
+
+    def __reduce__(self):
+        return Shape, (self.dtype, self.dims)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+@cython.no_gc
+cdef class Node:
+    """An immutable IR node. Build a ``Generic`` or a ``DeviceData``; ``Node`` is their base.
+
+    Every field is read-only, and so are both hashes, computed once when the node is built.
+    ``node.clone(**changes)`` is how a node "changes": it returns a new node.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        if type(self) is not Generic and type(self) is not DeviceData:
+            raise TypeError(
+                f"{type(self).__name__} cannot be instantiated: ir_core's node kinds are "
+                f"Generic and DeviceData")
+
+    @property
+    def kind(self):
+        """The node kind's name: ``"Generic"`` or ``"DeviceData"``; hashed."""
+        return type(self).__name__
+
+    @property
+    def op(self):
+        return self._op
+
+    @property
+    def operands(self):
+        """The inputs, a tuple of ``Value``."""
+        return self._operands
+
+    @property
+    def shapes(self):
+        """One ``Shape`` per output."""
+        return self._shapes
+
+    @property
+    def attrs(self):
+        """A read-only mapping of attribute name to value, in code-point order of the names."""
+        if self._attrs_view is None:
+            self._attrs_view = MappingProxyType(self._attrs)
+        return self._attrs_view
+
+    @property
+    def sharding(self):
+        """The sharding annotation, or ``None`` when unsharded."""
+        return self._sharding
+
+    @property
+    def node_hash(self):
+        """XXH3-128 of the node itself: kind, op, shapes, attrs, sharding (a 128-bit int)."""
+        return _u128(self._nh_lo, self._nh_hi)
+
+    @property
+    def dag_hash(self):
+        """XXH3-128 of ``node_hash`` and each operand's ``dag_hash`` and output index, in order."""
+        return _u128(self._dh_lo, self._dh_hi)
+
+    @property
+    def outputs(self):
+        """A ``Value`` for each output."""
+        return tuple([Value(self, k) for k in range(len(self._shapes))])
+
+    # Equality and hashing are by identity, as for any Python object: two nodes with equal
+    # dag_hash may still differ (which leaves they read), and identity keeps dicts keyed by nodes
+    # fast even when thousands of leaves share one shape. Compare graphs with graph_hash.
+
+    def __copy__(self):
+        return self
+
+    def __reduce__(self):
+        # Pickled as the flat, post-order list of its whole subgraph, so a deep chain pickles
+        # without recursion and shared operands stay shared.
+        from ir_core._graph import _reduce_node
+        return _reduce_node(self)
+
+    def __repr__(self):
+        shapes = ", ".join(map(str, self._shapes))
+        return f"<{self.kind} {self._op} -> ({shapes}) dag_hash={self._dh_hi:016x}{self._dh_lo:016x}>"
+
+
+cdef int _seal(Node self, Buf* b) except -1:
+    """Append the sharding to the node encoding in ``b``, then set both hashes."""
+    cdef XXH128_hash_t h
+    cdef Value v
+    cdef Py_ssize_t k, n
+    if self._sharding_bytes is None:
+        put_byte(b, c'N')
+    else:
+        put_tag_u64(b, c'y', <uint64_t>len(self._sharding_bytes))
+        put_raw(b, self._sharding_bytes, len(self._sharding_bytes))
+    h = XXH3_128bits(b.data, b.size)
+    self._nh_lo = h.low64
+    self._nh_hi = h.high64
+    b.size = 0
+    n = PyTuple_GET_SIZE(self._operands)
+    put_tag_u64(b, c't', 2)
+    put_hash(b, self._nh_lo, self._nh_hi)
+    put_tag_u64(b, c't', <uint64_t>n)
+    for k in range(n):
+        v = <Value>PyTuple_GET_ITEM(self._operands, k)
+        put_tag_u64(b, c't', 2)
+        put_hash(b, v.node._dh_lo, v.node._dh_hi)
+        put_tag_u64(b, c'i', <uint64_t>v.index)
+    h = XXH3_128bits(b.data, b.size)
+    self._dh_lo = h.low64
+    self._dh_hi = h.high64
+    return 0
+
+
+
+
+cdef int _put_head(Buf* b, bytes kind_prefix, str op, tuple shapes) except -1:
+    """Open the node record: a 5-tuple of kind, op, shapes, (attrs and sharding follow)."""
+    cdef Py_ssize_t k, n = PyTuple_GET_SIZE(shapes)
+    cdef bytes enc
+    put_raw(b, kind_prefix, len(kind_prefix))
+    put_str(b, op)
+    put_tag_u64(b, c't', <uint64_t>n)
+    for k in range(n):
+        enc = (<Shape>PyTuple_GET_ITEM(shapes, k))._enc
+        put_raw(b, enc, len(enc))
+    return 0
+
+
+cdef bytes _kind_prefix(str kind):
+    cdef Buf b
+    buf_init(&b)
+    try:
+        put_tag_u64(&b, c't', 5)
+        put_str(&b, kind)
+        return b.data[:b.size]
+    finally:
+        buf_free(&b)
+
+
+cdef bytes _GENERIC_PREFIX = _kind_prefix("Generic")
+cdef bytes _DEVICE_DATA_PREFIX = _kind_prefix("DeviceData")
+cdef tuple _NO_OPERANDS = ()
+
+
+cdef tuple _check_operands(object operands, str op):
+    cdef tuple ops
+    if type(operands) is tuple:
+        ops = <tuple>operands
+    else:
+        if isinstance(operands, Value) or not hasattr(operands, "__iter__"):
+            raise OperandError(
+                f"operands of {op!r} must be a sequence of Value, got {operands!r}")
+        ops = tuple(operands)
+    for k in range(PyTuple_GET_SIZE(ops)):
+        v = <object>PyTuple_GET_ITEM(ops, k)
+        if type(v) is not Value:
+            raise OperandError(
+                f"operand {k} of {op!r} is {v!r} ({type(v).__name__}); operands must be "
+                f"ir_core.Value: wrap a node as Value(node, output_index)")
+    return ops
+
+
+cdef tuple _check_shapes(object shapes, str op):
+    cdef tuple out
+    if type(shapes) is tuple:
+        out = <tuple>shapes
+    else:
+        if type(shapes) is Shape or not hasattr(shapes, "__iter__"):
+            raise NodeSpecError(
+                f"shapes of {op!r} must be a sequence of Shape, one per output, got "
+                f"{shapes!r}; for one output write (shape,)")
+        out = tuple(shapes)
+    for k in range(PyTuple_GET_SIZE(out)):
+        s = <object>PyTuple_GET_ITEM(out, k)
+        if type(s) is not Shape:
+            raise NodeSpecError(
+                f"shape {k} of {op!r} is {s!r} ({type(s).__name__}); expected ir_core.Shape")
+    return out
+
+
+cdef str _check_op(object op):
+    if type(op) is not str or not op:
+        raise NodeSpecError(f"op must be a non-empty str, got {op!r}")
+    return <str>op
+
+
+cdef dict _take_changes(dict changes, tuple fields, str kind):
+    unknown = sorted(set(changes) - set(fields))
+    if unknown:
+        raise NodeSpecError(
+            f"{kind}.clone() got unknown field(s) {', '.join(unknown)}; "
+            f"{kind} fields are {', '.join(fields)}")
+    return changes
+
+
+@cython.final
+@cython.no_gc
+cdef class Generic(Node):
+    """An operation: ``Generic(op, operands, shapes, attrs=None, sharding=None)``.
+
+    Args:
+        op: the operation's name, e.g. ``"aten::add.Tensor"``.
+        operands: the inputs, a sequence of ``Value``.
+        shapes: one ``Shape`` per output.
+        attrs: a mapping of str to None, bool, int, float, str, bytes or nested tuples of those.
+        sharding: ``None``, or an annotation that defines ``canonical_bytes() -> bytes``.
+    """
+
+    def __cinit__(self, op, operands, shapes, attrs=None, sharding=None):
+        cdef Buf b
+        self._op = _check_op(op)
+        self._operands = _check_operands(operands, self._op)
+        self._shapes = _check_shapes(shapes, self._op)
+        self._sharding_bytes = _sharding_bytes(sharding)
+        self._sharding = sharding
+        buf_init(&b)
+        try:
+            _put_head(&b, _GENERIC_PREFIX, self._op, self._shapes)
+            self._attrs = put_attrs(&b, attrs, self._op)
+            _seal(self, &b)
+        finally:
+            buf_free(&b)
+
+    def clone(self, **changes):
+        """A new ``Generic`` with the given fields replaced; this node is left as it is.
+
+        Fields: ``op``, ``operands``, ``shapes``, ``attrs``, ``sharding``.
+        """
+        _take_changes(changes, _GENERIC_FIELDS, "Generic")
+        return Generic(
+            changes.get("op", self._op),
+            changes.get("operands", self._operands),
+            changes.get("shapes", self._shapes),
+            changes.get("attrs", self._attrs),
+            changes.get("sharding", self._sharding),
+        )
+
+
+cdef tuple _GENERIC_FIELDS = ("op", "operands", "shapes", "attrs", "sharding")
+cdef tuple _DEVICE_DATA_FIELDS = ("shape", "handle", "sharding")
+
+
+@cython.final
+@cython.no_gc
+cdef class DeviceData(Node):
+    """A leaf that holds a backend data handle: ``DeviceData(shape, handle=None, sharding=None)``.
+
+    The handle is never hashed: the same program runs on new data. Its op is ``"device_data"``,
+    it has no operands and no attributes.
+    """
+
+    cdef readonly object handle
+
+    def __cinit__(self, shape, handle=None, sharding=None):
+        cdef Buf b
+        if type(shape) is not Shape:
+            raise NodeSpecError(
+                f"shape of a DeviceData must be an ir_core.Shape, got {shape!r} "
+                f"({type(shape).__name__})")
+        self._op = "device_data"
+        self._operands = _NO_OPERANDS
+        self._shapes = (shape,)
+        self._attrs = _EMPTY_ATTRS
+        self._attrs_view = _EMPTY_ATTRS_VIEW
+        self._sharding_bytes = _sharding_bytes(sharding)
+        self._sharding = sharding
+        self.handle = handle
+        buf_init(&b)
+        try:
+            _put_head(&b, _DEVICE_DATA_PREFIX, self._op, self._shapes)
+            put_tag_u64(&b, c'm', 0)
+            _seal(self, &b)
+        finally:
+            buf_free(&b)
+
+    @property
+    def shape(self):
+        return self._shapes[0]
+
+    def clone(self, **changes):
+        """A new ``DeviceData`` with the given fields replaced; this node is left as it is.
+
+        Fields: ``shape``, ``handle``, ``sharding``.
+        """
+        _take_changes(changes, _DEVICE_DATA_FIELDS, "DeviceData")
+        return DeviceData(
+            changes.get("shape", self._shapes[0]),
+            changes.get("handle", self.handle),
+            changes.get("sharding", self._sharding),
+        )
+
+
+@cython.final
+@cython.no_gc
+cdef class Value:
+    """One output of a node: ``Value(node, index=0)``."""
+
+    def __cinit__(self, node, Py_ssize_t index=0):
+        if not isinstance(node, Node):
+            raise OperandError(
+                f"Value(node, index) needs an ir_core node, got {node!r} ({type(node).__name__})")
+        cdef Py_ssize_t n = PyTuple_GET_SIZE((<Node>node)._shapes)
+        if index < 0 or index >= n:
+            raise OutputIndexError(
+                f"output index {index} is out of range for {(<Node>node)._op!r}, which has "
+                f"{n} output(s)")
+        self.node = <Node>node
+        self.index = index
+
+    @property
+    def shape(self):
+        """The ``Shape`` of this output."""
+        return self.node._shapes[self.index]
+
+    def __eq__(self, other):
+        if type(other) is not Value:
+            return NotImplemented
+        return self.node is (<Value>other).node and self.index == (<Value>other).index
+
+    def __hash__(self):
+        return hash((id(self.node), self.index))
+
+    def __repr__(self):
+        return f"Value({self.node!r}, {self.index})"
+
+    def __reduce__(self):
+        return Value, (self.node, self.index)
+
+    def __copy__(self):
+        return self

@@ -1,0 +1,23 @@
+# The vendored xxHash (BSD-2, see _vendor/LICENSE.xxhash), compiled inline into each module
+# that cimports this file: no shared library to find at run time.
+from libc.stdint cimport uint64_t
+
+
+cdef extern from *:
+    """
+    #define XXH_INLINE_ALL
+    #include "xxhash.h"
+    """
+    ctypedef struct XXH128_hash_t:
+        uint64_t low64
+        uint64_t high64
+
+    ctypedef struct XXH3_state_t:
+        pass
+
+    XXH128_hash_t XXH3_128bits(const void* data, size_t length) nogil
+    XXH3_state_t* XXH3_createState() nogil
+    void XXH3_freeState(XXH3_state_t* state) nogil
+    int XXH3_128bits_reset(XXH3_state_t* state) nogil
+    int XXH3_128bits_update(XXH3_state_t* state, const void* data, size_t length) nogil
+    XXH128_hash_t XXH3_128bits_digest(const XXH3_state_t* state) nogil
