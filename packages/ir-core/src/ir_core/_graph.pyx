@@ -6,12 +6,15 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from ir_core._nodes cimport Node, Value
-from ir_core._xxhash cimport (
+from ir_core._canon cimport (
     XXH128_hash_t,
+    ir_put_hash,
+    ir_put_len,
+    ir_put_u64,
     XXH3_128bits_digest,
     XXH3_128bits_reset,
     XXH3_128bits_update,
@@ -147,7 +150,7 @@ def post_order(roots):
 
 cdef enum:
     CHUNK = 1 << 16
-    ITEM_MAX = 9 + 9 + 16   # the longest run put_* writes at once: a bytes item of 16
+    ITEM_MAX = 64   # room for the longest run written between two _room calls (31 bytes)
 
 
 cdef struct Stream:
@@ -161,31 +164,23 @@ cdef inline void _flush(Stream* s) noexcept:
     s.size = 0
 
 
-cdef inline void _put_u64(Stream* s, char tag, uint64_t v) noexcept:
+cdef inline char* _room(Stream* s) noexcept:
+    """Where the next items go: room for ITEM_MAX bytes, flushing the chunk when it is full."""
     if s.size + ITEM_MAX > CHUNK:
         _flush(s)
-    cdef char* p = s.buf + s.size
-    cdef int k
-    p[0] = tag
-    for k in range(8):
-        p[1 + k] = <char>((v >> (8 * k)) & 0xFF)
-    s.size += 9
-
-
-cdef inline void _put_hash(Stream* s, uint64_t lo, uint64_t hi) noexcept:
-    _put_u64(s, c'y', 16)
-    cdef char* p = s.buf + s.size
-    cdef int k
-    for k in range(8):
-        p[k] = <char>((lo >> (8 * k)) & 0xFF)
-        p[8 + k] = <char>((hi >> (8 * k)) & 0xFF)
-    s.size += 16
+    return s.buf + s.size
 
 
 cdef inline void _put_ref(Stream* s, Py_ssize_t pos, Py_ssize_t index) noexcept:
-    _put_u64(s, c't', 2)
-    _put_u64(s, c'i', <uint64_t>pos)
-    _put_u64(s, c'i', <uint64_t>index)
+    cdef char* p = _room(s)
+    p = ir_put_len(p, c't', 2)
+    p = ir_put_u64(p, c'i', <uint64_t>pos)
+    p = ir_put_u64(p, c'i', <uint64_t>index)
+    s.size = p - s.buf
+
+
+cdef inline void _put_len(Stream* s, uint32_t n) noexcept:
+    s.size = ir_put_len(_room(s), c't', n) - s.buf
 
 
 def graph_hash(roots):
@@ -211,6 +206,7 @@ def graph_hash(roots):
     cdef Py_ssize_t k, j, n
     cdef Node node
     cdef Value v
+    cdef char* p
     cdef XXH128_hash_t h
     cdef Py_ssize_t* root_index = <Py_ssize_t*>PyMem_Malloc(
         (PyTuple_GET_SIZE(indices) + 1) * sizeof(Py_ssize_t))
@@ -227,18 +223,18 @@ def graph_hash(roots):
         _collect(nodes, &order)
         # From _collect to here nothing runs Python code, so every _pos read below is this
         # traversal's.
-        _put_u64(&s, c't', 2)
-        _put_u64(&s, c't', <uint64_t>order.size)
+        _put_len(&s, <uint32_t>2)
+        _put_len(&s, <uint32_t>order.size)
         for k in range(order.size):
             node = <Node>order.nodes[k]
             n = PyTuple_GET_SIZE(node._operands)
-            _put_u64(&s, c't', 2)
-            _put_hash(&s, node._nh_lo, node._nh_hi)
-            _put_u64(&s, c't', <uint64_t>n)
+            p = ir_put_len(_room(&s), c't', 2)
+            p = ir_put_hash(p, node._nh_lo, node._nh_hi)
+            s.size = ir_put_len(p, c't', <uint32_t>n) - s.buf
             for j in range(n):
                 v = <Value>PyTuple_GET_ITEM(node._operands, j)
                 _put_ref(&s, v.node._pos, v.index)
-        _put_u64(&s, c't', <uint64_t>PyTuple_GET_SIZE(nodes))
+        _put_len(&s, <uint32_t>PyTuple_GET_SIZE(nodes))
         for k in range(PyTuple_GET_SIZE(nodes)):
             _put_ref(&s, (<Node>PyTuple_GET_ITEM(nodes, k))._pos, root_index[k])
         _flush(&s)

@@ -13,7 +13,7 @@ cdef class Node:
     cdef str _op
     cdef tuple _operands        # tuple[Value, ...]
     cdef tuple _shapes          # tuple[Shape, ...]
-    cdef dict _attrs            # keys sorted; private, never mutated, exposed read-only
+    cdef tuple _attrs           # (k0, v0, k1, v1, ...), keys in code-point order
     cdef object _attrs_view
     cdef object _sharding
     cdef bytes _sharding_bytes  # None when unsharded

@@ -10,12 +10,20 @@ from cpython.dict cimport PyDict_Next
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_Compare
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from ir_core._xxhash cimport XXH128_hash_t, XXH3_128bits
+from ir_core._canon cimport (
+    XXH128_hash_t,
+    XXH3_128bits,
+    ir_put_hash,
+    ir_put_len,
+    ir_put_u64,
+    ir_store_u64le,
+)
 
 from operator import index as _as_index
 from types import MappingProxyType
@@ -102,42 +110,40 @@ cdef inline int put_byte(Buf* b, char c) except -1:
     return 0
 
 
-cdef inline void store_u64le(char* p, uint64_t v) noexcept:
-    # Byte by byte, so the encoding is little-endian on every host; compilers emit one store.
-    cdef int k
-    for k in range(8):
-        p[k] = <char>((v >> (8 * k)) & 0xFF)
-
-
 cdef inline int put_tag_u64(Buf* b, char tag, uint64_t v) except -1:
     if b.size + 9 > b.cap:
         buf_grow(b, 9)
-    b.data[b.size] = tag
-    store_u64le(b.data + b.size + 1, v)
-    b.size += 9
+    b.size = ir_put_u64(b.data + b.size, tag, v) - b.data
     return 0
 
 
-cdef inline int put_hash(Buf* b, uint64_t lo, uint64_t hi) except -1:
-    # A 128-bit hash as a bytes item: 'y', length 16, then the integer's 16 little-endian bytes.
-    put_tag_u64(b, c'y', 16)
-    if b.size + 16 > b.cap:
-        buf_grow(b, 16)
-    store_u64le(b.data + b.size, lo)
-    store_u64le(b.data + b.size + 8, hi)
-    b.size += 16
+cdef int _too_long(char tag, Py_ssize_t n) except -1:
+    raise OverflowError(
+        f"an encoded item of type {chr(tag)!r} has {n} elements or bytes; the canonical encoding "
+        f"allows at most 2**32 - 1")
+
+
+cdef inline int put_tag_len(Buf* b, char tag, Py_ssize_t n) except -1:
+    """A type tag followed by a length or count, u32 little-endian."""
+    if <size_t>n > 0xFFFFFFFFU:
+        _too_long(tag, n)
+    if b.size + 5 > b.cap:
+        buf_grow(b, 5)
+    b.size = ir_put_len(b.data + b.size, tag, <uint32_t>n) - b.data
     return 0
 
 
 cdef inline int put_str(Buf* b, str s) except -1:
     cdef Py_ssize_t n
     cdef const char* p = PyUnicode_AsUTF8AndSize(s, &n)
-    put_tag_u64(b, c's', <uint64_t>n)
+    put_tag_len(b, c's', n)
     return put_raw(b, p, n)
 
 
-cdef int put_value(Buf* b, object v, int depth) except -1:
-    """Encode one attribute value: type tag, then a fixed-size or length-prefixed payload."""
+cdef int put_value(Buf* b, object v, int depth, object name, str op) except -1:
+    """Encode one attribute value: type tag, then a fixed-size or length-prefixed payload.
+
+    ``name`` and ``op`` only label the error for a value that has no encoding."""
     cdef type t = type(v)
     cdef int overflow = 0
     cdef long long i
@@ -154,7 +160,7 @@ cdef int put_value(Buf* b, object v, int depth) except -1:
         if overflow == 0:
             return put_tag_u64(b, c'i', <uint64_t>i)
         raw = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
-        put_tag_u64(b, c'J', <uint64_t>len(raw))
+        put_tag_len(b, c'J', len(raw))
         return put_raw(b, raw, len(raw))
     if t is float:
         d = v
@@ -166,34 +172,35 @@ cdef int put_value(Buf* b, object v, int depth) except -1:
     if t is str:
         return put_str(b, v)
     if t is bytes:
-        put_tag_u64(b, c'y', <uint64_t>len(<bytes>v))
+        put_tag_len(b, c'y', len(<bytes>v))
         return put_raw(b, v, len(<bytes>v))
     if t is tuple:
         if depth >= MAX_DEPTH:
             raise AttributeTypeError(
-                f"tuple nested deeper than {MAX_DEPTH} levels; flatten the attribute value")
+                f"attribute {name!r} of {op!r}: tuple nested deeper than {MAX_DEPTH} levels; "
+                f"flatten the value")
         n = PyTuple_GET_SIZE(v)
-        put_tag_u64(b, c't', <uint64_t>n)
+        put_tag_len(b, c't', n)
         for k in range(n):
-            put_value(b, <object>PyTuple_GET_ITEM(v, k), depth + 1)
+            put_value(b, <object>PyTuple_GET_ITEM(v, k), depth + 1, name, op)
         return 0
     hint = "; use a tuple" if t is list else ""
     raise AttributeTypeError(
-        f"{v!r} of type {t.__name__} has no canonical encoding: attribute values must be None, "
-        f"bool, int, float, str, bytes or tuples of those{hint}")
+        f"attribute {name!r} of {op!r}: {v!r} of type {t.__name__} has no canonical encoding: "
+        f"attribute values must be None, bool, int, float, str, bytes or tuples of those{hint}")
 
 
-cdef dict put_attrs(Buf* b, object attrs, str op):
-    """Encode a mapping, keys in code-point order, and return a private dict in that order."""
+cdef tuple put_attrs(Buf* b, object attrs, str op):
+    """Encode a mapping, keys in code-point order; return it as a flat (k0, v0, k1, v1, ...)."""
     cdef dict src
     cdef Py_ssize_t n, k, j, pos = 0
     cdef PyObject* key
     cdef PyObject* val
     cdef PyObject* keys[SORT_INLINE]
-    cdef list key_list
+    cdef PyObject* vals[SORT_INLINE]
     if attrs is None:
-        put_tag_u64(b, c'm', 0)
-        return _EMPTY_ATTRS
+        put_tag_len(b, c'm', 0)
+        return _NO_ATTRS
     if type(attrs) is dict:
         src = <dict>attrs
     else:
@@ -203,37 +210,49 @@ cdef dict put_attrs(Buf* b, object attrs, str op):
             raise AttributeTypeError(
                 f"attrs of {op!r} must be a mapping of str to values, got {attrs!r}") from None
     n = len(src)
-    put_tag_u64(b, c'm', <uint64_t>n)
+    put_tag_len(b, c'm', n)
     if n == 0:
-        return _EMPTY_ATTRS
-    if n <= SORT_INLINE:
-        # Insertion sort in a C array: n is small and comparing str objects is a memcmp.
-        k = 0
-        while PyDict_Next(src, &pos, &key, &val):
-            if type(<object>key) is not str:
-                _bad_key(<object>key, op)
-            j = k
-            while j > 0 and PyUnicode_Compare(<object>keys[j - 1], <object>key) > 0:
-                keys[j] = keys[j - 1]
-                j -= 1
-            keys[j] = key
-            k += 1
-    else:
-        for obj in src:
-            if type(obj) is not str:
-                _bad_key(obj, op)
-        key_list = sorted(src)
-    cdef dict out = {}
+        return _NO_ATTRS
+    if n > SORT_INLINE:
+        for name in src:
+            if type(name) is not str:
+                _bad_key(name, op)
+        return _put_items(b, tuple(sorted(src.items())), op)
+    # Insertion sort in C arrays: n is small, and comparing str objects is a memcmp.
+    k = 0
+    while PyDict_Next(src, &pos, &key, &val):
+        if type(<object>key) is not str:
+            _bad_key(<object>key, op)
+        j = k
+        while j > 0 and PyUnicode_Compare(<object>keys[j - 1], <object>key) > 0:
+            keys[j] = keys[j - 1]
+            vals[j] = vals[j - 1]
+            j -= 1
+        keys[j] = key
+        vals[j] = val
+        k += 1
+    cdef tuple out = PyTuple_New(2 * n)
     for k in range(n):
-        kobj = <object>keys[k] if n <= SORT_INLINE else key_list[k]
-        vobj = src[kobj]
-        put_str(b, kobj)
-        try:
-            put_value(b, vobj, 0)
-        except AttributeTypeError as e:
-            raise AttributeTypeError(f"attribute {kobj!r} of {op!r}: {e}") from None
-        out[kobj] = vobj
+        _put_item(b, out, k, <object>keys[k], <object>vals[k], op)
     return out
+
+
+cdef tuple _put_items(Buf* b, tuple items, str op):
+    cdef Py_ssize_t k, n = len(items)
+    cdef tuple out = PyTuple_New(2 * n)
+    for k in range(n):
+        _put_item(b, out, k, items[k][0], items[k][1], op)
+    return out
+
+
+cdef int _put_item(Buf* b, tuple out, Py_ssize_t k, str name, object value, str op) except -1:
+    put_str(b, name)
+    put_value(b, value, 0, name, op)
+    Py_INCREF(name)
+    PyTuple_SET_ITEM(out, 2 * k, name)
+    Py_INCREF(value)
+    PyTuple_SET_ITEM(out, 2 * k + 1, value)
+    return 0
 
 
 cdef int _bad_key(object key, str op) except -1:
@@ -241,8 +260,8 @@ cdef int _bad_key(object key, str op) except -1:
         f"attribute name {key!r} of {op!r} is a {type(key).__name__}; attribute names must be str")
 
 
-cdef dict _EMPTY_ATTRS = {}
-cdef object _EMPTY_ATTRS_VIEW = MappingProxyType(_EMPTY_ATTRS)
+cdef tuple _NO_ATTRS = ()
+cdef object _EMPTY_ATTRS_VIEW = MappingProxyType({})
 
 
 cdef bytes _sharding_bytes(object sharding):
@@ -263,8 +282,30 @@ cdef bytes _sharding_bytes(object sharding):
     return raw
 
 
+cdef extern from "Python.h":
+    int PyObject_GC_IsTracked(object op)
+    void PyObject_GC_UnTrack(void* op)
+    object _PyLong_FromByteArray(const unsigned char* data, size_t n, int little_endian,
+                                 int is_signed)
+
+
+cdef inline tuple _untracked(tuple t):
+    """Take a tuple out of the cyclic GC's view, as the collector itself would on its next pass.
+
+    Only for tuples of Values, Shapes or attribute values: none of those is a container the
+    collector tracks, so such a tuple can never be part of a reference cycle. Untracking at once
+    keeps the collector from rescanning every node's tuples while a large graph is being built.
+    """
+    if PyObject_GC_IsTracked(t):
+        PyObject_GC_UnTrack(<void*>t)
+    return t
+
+
 cdef inline object _u128(uint64_t lo, uint64_t hi):
-    return (<object>hi << 64) | <object>lo
+    cdef char raw[16]
+    ir_store_u64le(raw, lo)
+    ir_store_u64le(raw + 8, hi)
+    return _PyLong_FromByteArray(<const unsigned char*>raw, 16, 1, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,6 +325,7 @@ cdef object _dim_as_int(object d, Py_ssize_t k, tuple dims):
 
 @cython.final
 @cython.no_gc
+@cython.freelist(64)
 cdef class Shape:
     """The dtype and dims of one output: ``Shape("float32", (4, 8))``.
 
@@ -317,7 +359,12 @@ cdef class Shape:
         cdef Buf b
         buf_init(&b)
         try:
-            put_value(&b, (self.dtype, self.dims), 0)
+            # Exactly put_value((dtype, dims)), without building that tuple.
+            put_tag_len(&b, c't', 2)
+            put_str(&b, self.dtype)
+            put_tag_len(&b, c't', len(self.dims))
+            for d in self.dims:
+                put_tag_u64(&b, c'i', <uint64_t>(<long long>d))
             self._enc = b.data[:b.size]
             self._hash = <Py_hash_t>XXH3_128bits(b.data, b.size).low64
         finally:
@@ -396,8 +443,10 @@ cdef class Node:
     @property
     def attrs(self):
         """A read-only mapping of attribute name to value, in code-point order of the names."""
+        cdef tuple a = self._attrs
         if self._attrs_view is None:
-            self._attrs_view = MappingProxyType(self._attrs)
+            self._attrs_view = MappingProxyType(
+                {a[k]: a[k + 1] for k in range(0, len(a), 2)}) if a else _EMPTY_ATTRS_VIEW
         return self._attrs_view
 
     @property
@@ -439,34 +488,35 @@ cdef class Node:
 
 
 cdef int _seal(Node self, Buf* b) except -1:
-    """Append the sharding to the node encoding in ``b``, then set both hashes."""
+    """Append the sharding to the node record in ``b``, then set both hashes."""
     cdef XXH128_hash_t h
     cdef Value v
-    cdef Py_ssize_t k, n
+    cdef Py_ssize_t k, n = PyTuple_GET_SIZE(self._operands)
+    cdef char* p
     if self._sharding_bytes is None:
         put_byte(b, c'N')
     else:
-        put_tag_u64(b, c'y', <uint64_t>len(self._sharding_bytes))
+        put_tag_len(b, c'y', len(self._sharding_bytes))
         put_raw(b, self._sharding_bytes, len(self._sharding_bytes))
     h = XXH3_128bits(b.data, b.size)
     self._nh_lo = h.low64
     self._nh_hi = h.high64
+    # The dag record: (node_hash, ((operand dag_hash, output index), ...)).
     b.size = 0
-    n = PyTuple_GET_SIZE(self._operands)
-    put_tag_u64(b, c't', 2)
-    put_hash(b, self._nh_lo, self._nh_hi)
-    put_tag_u64(b, c't', <uint64_t>n)
+    if 31 + 35 * n > b.cap:
+        buf_grow(b, 31 + 35 * n)
+    p = ir_put_len(b.data, c't', 2)
+    p = ir_put_hash(p, self._nh_lo, self._nh_hi)
+    p = ir_put_len(p, c't', <uint32_t>n)
     for k in range(n):
         v = <Value>PyTuple_GET_ITEM(self._operands, k)
-        put_tag_u64(b, c't', 2)
-        put_hash(b, v.node._dh_lo, v.node._dh_hi)
-        put_tag_u64(b, c'i', <uint64_t>v.index)
-    h = XXH3_128bits(b.data, b.size)
+        p = ir_put_len(p, c't', 2)
+        p = ir_put_hash(p, v.node._dh_lo, v.node._dh_hi)
+        p = ir_put_u64(p, c'i', <uint64_t>v.index)
+    h = XXH3_128bits(b.data, p - b.data)
     self._dh_lo = h.low64
     self._dh_hi = h.high64
     return 0
-
-
 
 
 cdef int _put_head(Buf* b, bytes kind_prefix, str op, tuple shapes) except -1:
@@ -475,7 +525,7 @@ cdef int _put_head(Buf* b, bytes kind_prefix, str op, tuple shapes) except -1:
     cdef bytes enc
     put_raw(b, kind_prefix, len(kind_prefix))
     put_str(b, op)
-    put_tag_u64(b, c't', <uint64_t>n)
+    put_tag_len(b, c't', n)
     for k in range(n):
         enc = (<Shape>PyTuple_GET_ITEM(shapes, k))._enc
         put_raw(b, enc, len(enc))
@@ -486,7 +536,7 @@ cdef bytes _kind_prefix(str kind):
     cdef Buf b
     buf_init(&b)
     try:
-        put_tag_u64(&b, c't', 5)
+        put_tag_len(&b, c't', 5)
         put_str(&b, kind)
         return b.data[:b.size]
     finally:
@@ -535,7 +585,7 @@ cdef tuple _check_shapes(object shapes, str op):
 
 
 cdef str _check_op(object op):
-    if type(op) is not str or not op:
+    if type(op) is not str or len(<str>op) == 0:
         raise NodeSpecError(f"op must be a non-empty str, got {op!r}")
     return <str>op
 
@@ -551,6 +601,7 @@ cdef dict _take_changes(dict changes, tuple fields, str kind):
 
 @cython.final
 @cython.no_gc
+@cython.freelist(64)
 cdef class Generic(Node):
     """An operation: ``Generic(op, operands, shapes, attrs=None, sharding=None)``.
 
@@ -565,14 +616,14 @@ cdef class Generic(Node):
     def __cinit__(self, op, operands, shapes, attrs=None, sharding=None):
         cdef Buf b
         self._op = _check_op(op)
-        self._operands = _check_operands(operands, self._op)
-        self._shapes = _check_shapes(shapes, self._op)
+        self._operands = _untracked(_check_operands(operands, self._op))
+        self._shapes = _untracked(_check_shapes(shapes, self._op))
         self._sharding_bytes = _sharding_bytes(sharding)
         self._sharding = sharding
         buf_init(&b)
         try:
             _put_head(&b, _GENERIC_PREFIX, self._op, self._shapes)
-            self._attrs = put_attrs(&b, attrs, self._op)
+            self._attrs = _untracked(put_attrs(&b, attrs, self._op))
             _seal(self, &b)
         finally:
             buf_free(&b)
@@ -587,7 +638,7 @@ cdef class Generic(Node):
             changes.get("op", self._op),
             changes.get("operands", self._operands),
             changes.get("shapes", self._shapes),
-            changes.get("attrs", self._attrs),
+            changes.get("attrs", self.attrs),
             changes.get("sharding", self._sharding),
         )
 
@@ -598,6 +649,7 @@ cdef tuple _DEVICE_DATA_FIELDS = ("shape", "handle", "sharding")
 
 @cython.final
 @cython.no_gc
+@cython.freelist(64)
 cdef class DeviceData(Node):
     """A leaf that holds a backend data handle: ``DeviceData(shape, handle=None, sharding=None)``.
 
@@ -615,8 +667,8 @@ cdef class DeviceData(Node):
                 f"({type(shape).__name__})")
         self._op = "device_data"
         self._operands = _NO_OPERANDS
-        self._shapes = (shape,)
-        self._attrs = _EMPTY_ATTRS
+        self._shapes = _untracked((shape,))
+        self._attrs = _NO_ATTRS
         self._attrs_view = _EMPTY_ATTRS_VIEW
         self._sharding_bytes = _sharding_bytes(sharding)
         self._sharding = sharding
@@ -624,7 +676,7 @@ cdef class DeviceData(Node):
         buf_init(&b)
         try:
             _put_head(&b, _DEVICE_DATA_PREFIX, self._op, self._shapes)
-            put_tag_u64(&b, c'm', 0)
+            put_tag_len(&b, c'm', 0)
             _seal(self, &b)
         finally:
             buf_free(&b)
@@ -648,6 +700,7 @@ cdef class DeviceData(Node):
 
 @cython.final
 @cython.no_gc
+@cython.freelist(64)
 cdef class Value:
     """One output of a node: ``Value(node, index=0)``."""
 

@@ -1,6 +1,6 @@
 # The vendored xxHash (BSD-2, see _vendor/LICENSE.xxhash), compiled inline into each module
-# that cimports this file: no shared library to find at run time.
-from libc.stdint cimport uint64_t
+# that cimports this file, and the little-endian stores of the canonical encoding.
+from libc.stdint cimport uint32_t, uint64_t
 
 
 cdef extern from *:
@@ -21,3 +21,11 @@ cdef extern from *:
     int XXH3_128bits_reset(XXH3_state_t* state) nogil
     int XXH3_128bits_update(XXH3_state_t* state, const void* data, size_t length) nogil
     XXH128_hash_t XXH3_128bits_digest(const XXH3_state_t* state) nogil
+
+
+cdef extern from "ir_canon.h":
+    void ir_store_u32le(char* p, uint32_t v) nogil
+    void ir_store_u64le(char* p, uint64_t v) nogil
+    char* ir_put_len(char* p, char tag, uint32_t n) nogil
+    char* ir_put_u64(char* p, char tag, uint64_t v) nogil
+    char* ir_put_hash(char* p, uint64_t lo, uint64_t hi) nogil
