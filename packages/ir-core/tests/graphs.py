@@ -3,8 +3,9 @@ built twice, once with ir_core and once with the plain-Python reference."""
 
 from hypothesis import strategies as st
 
-import reference
 from ir_core import DTYPES, DeviceData, Generic, Shape, Value
+
+import reference
 
 
 class Sharding:

@@ -78,7 +78,7 @@ def dag_hash(nh: int, operands) -> int:
 class PyNode:
     """A node that hashes itself the plain-Python way: the benchmark's peer."""
 
-    __slots__ = ("kind", "op", "operands", "shapes", "attrs", "sharding", "node_hash", "dag_hash")
+    __slots__ = ("attrs", "dag_hash", "kind", "node_hash", "op", "operands", "shapes", "sharding")
 
     def __init__(self, kind, op, operands, shapes, attrs=None, sharding=None):
         self.kind = kind

@@ -6,9 +6,10 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ir_core import DeviceData, Generic, Shape, Value, graph_hash, post_order
+
 import reference
 from graphs import Sharding, attr_values, build, graph_specs, shapes
-from ir_core import DeviceData, Generic, Shape, Value, graph_hash, post_order
 
 
 @given(graph_specs)
@@ -26,7 +27,7 @@ def test_graph_hash_and_post_order_match_reference(spec, data):
     picks = data.draw(st.lists(st.integers(0, len(built) - 1), min_size=1, max_size=5))
     whole = data.draw(st.lists(st.booleans(), min_size=len(picks), max_size=len(picks)))
     roots, ref_roots = [], []
-    for k, as_node in zip(picks, whole):
+    for k, as_node in zip(picks, whole, strict=True):
         node, ref = built[k]
         if as_node:
             roots.append(node)

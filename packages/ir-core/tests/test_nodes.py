@@ -7,7 +7,6 @@ import threading
 
 import pytest
 
-from graphs import Sharding
 from ir_core import (
     DTYPES,
     AttributeTypeError,
@@ -25,6 +24,8 @@ from ir_core import (
     graph_hash,
 )
 
+from graphs import Sharding
+
 F32 = Shape("float32", (4, 8))
 
 
@@ -40,6 +41,7 @@ def small_graph():
 
 
 # --- Shape -----------------------------------------------------------------------------------
+
 
 def test_shape_fields_and_equality():
     s = Shape("bfloat16", [2, 3, 0])
@@ -84,6 +86,7 @@ def test_dtype_names_follow_numpy_and_torch():
 
 # --- Value -----------------------------------------------------------------------------------
 
+
 def test_value_fields_equality_and_hash():
     _, _, _, top, _ = small_graph()
     v = Value(top, 1)
@@ -95,8 +98,11 @@ def test_value_fields_equality_and_hash():
 
 def test_value_errors():
     x = DeviceData(F32)
-    with pytest.raises(OutputIndexError, match=r"output index 1 is out of range for "
-                       r"'device_data', which has 1 output\(s\)"):
+    with pytest.raises(
+        OutputIndexError,
+        match=r"output index 1 is out of range for "
+        r"'device_data', which has 1 output\(s\)",
+    ):
         Value(x, 1)
     with pytest.raises(OutputIndexError, match="output index -1"):
         Value(x, -1)
@@ -106,8 +112,9 @@ def test_value_errors():
 
 # --- Nodes -----------------------------------------------------------------------------------
 
+
 def test_generic_fields():
-    x, w, mm, top, out = small_graph()
+    _, w, mm, top, out = small_graph()
     assert out.kind == "Generic" and out.op == "aten::add.Tensor"
     assert out.operands == (Value(top, 0), Value(mm, 0))
     assert top.shapes == (Shape("float32", (4, 1)), Shape("int64", (4, 1)))
@@ -152,6 +159,7 @@ def test_node_base_cannot_be_instantiated():
     with pytest.raises(TypeError, match="Node cannot be instantiated"):
         Node()
     with pytest.raises(TypeError):
+
         class Mine(Generic):  # final: no subclass can break the kind tag
             pass
 
@@ -159,31 +167,53 @@ def test_node_base_cannot_be_instantiated():
 @pytest.mark.parametrize(
     "build, error, message",
     [
-        (lambda x: Generic("op", [x], [F32]), OperandError,
-         "operand 0 of 'op' is <DeviceData"),
-        (lambda x: Generic("op", [Value(x), 3], [F32]), OperandError,
-         "operand 1 of 'op' is 3 (int); operands must be ir_core.Value"),
-        (lambda x: Generic("op", Value(x), [F32]), OperandError,
-         "operands of 'op' must be a sequence of Value"),
-        (lambda x: Generic("op", [], F32), NodeSpecError,
-         "for one output write (shape,)"),
-        (lambda x: Generic("op", [], [(4, 8)]), NodeSpecError,
-         "shape 0 of 'op' is (4, 8) (tuple); expected ir_core.Shape"),
+        (lambda x: Generic("op", [x], [F32]), OperandError, "operand 0 of 'op' is <DeviceData"),
+        (
+            lambda x: Generic("op", [Value(x), 3], [F32]),
+            OperandError,
+            "operand 1 of 'op' is 3 (int); operands must be ir_core.Value",
+        ),
+        (
+            lambda x: Generic("op", Value(x), [F32]),
+            OperandError,
+            "operands of 'op' must be a sequence of Value",
+        ),
+        (lambda x: Generic("op", [], F32), NodeSpecError, "for one output write (shape,)"),
+        (
+            lambda x: Generic("op", [], [(4, 8)]),
+            NodeSpecError,
+            "shape 0 of 'op' is (4, 8) (tuple); expected ir_core.Shape",
+        ),
         (lambda x: Generic("", [], [F32]), NodeSpecError, "op must be a non-empty str"),
         (lambda x: Generic(b"op", [], [F32]), NodeSpecError, "op must be a non-empty str"),
-        (lambda x: Generic("op", [], [F32], {"k": [1, 2]}), AttributeTypeError,
-         "attribute 'k' of 'op': [1, 2] of type list has no canonical encoding"),
-        (lambda x: Generic("op", [], [F32], {"k": (1, {2})}), AttributeTypeError,
-         "attribute 'k' of 'op': {2} of type set"),
+        (
+            lambda x: Generic("op", [], [F32], {"k": [1, 2]}),
+            AttributeTypeError,
+            "attribute 'k' of 'op': [1, 2] of type list has no canonical encoding",
+        ),
+        (
+            lambda x: Generic("op", [], [F32], {"k": (1, {2})}),
+            AttributeTypeError,
+            "attribute 'k' of 'op': {2} of type set",
+        ),
         (lambda x: Generic("op", [], [F32], {"k": 1j}), AttributeTypeError, "type complex"),
         (lambda x: Generic("op", [], [F32], {"k": x}), AttributeTypeError, "type DeviceData"),
-        (lambda x: Generic("op", [], [F32], {1: 1}), AttributeTypeError,
-         "attribute name 1 of 'op' is a int; attribute names must be str"),
+        (
+            lambda x: Generic("op", [], [F32], {1: 1}),
+            AttributeTypeError,
+            "attribute name 1 of 'op' is a int; attribute names must be str",
+        ),
         (lambda x: Generic("op", [], [F32], [("k", 1)]), None, None),
-        (lambda x: Generic("op", [], [F32], 5), AttributeTypeError,
-         "attrs of 'op' must be a mapping"),
-        (lambda x: Generic("op", [], [F32], sharding="tiled"), ShardingTypeError,
-         "sharding 'tiled' of type str does not supply its canonical bytes"),
+        (
+            lambda x: Generic("op", [], [F32], 5),
+            AttributeTypeError,
+            "attrs of 'op' must be a mapping",
+        ),
+        (
+            lambda x: Generic("op", [], [F32], sharding="tiled"),
+            ShardingTypeError,
+            "sharding 'tiled' of type str does not supply its canonical bytes",
+        ),
         (lambda x: DeviceData((4, 8)), NodeSpecError, "shape of a DeviceData must be an"),
     ],
 )
@@ -216,8 +246,9 @@ def test_sharding_whose_bytes_are_not_bytes():
 
 # --- clone -----------------------------------------------------------------------------------
 
+
 def test_generic_clone():
-    x, w, mm, top, out = small_graph()
+    _, _, mm, top, out = small_graph()
     before = (out.node_hash, out.dag_hash)
     same = out.clone()
     assert same is not out and (same.node_hash, same.dag_hash) == before
@@ -252,23 +283,26 @@ def test_device_data_clone():
 
 def test_clone_rejects_unknown_fields():
     x = DeviceData(F32)
-    with pytest.raises(NodeSpecError, match="unknown field.*handel.*shape, handle, sharding"):
+    with pytest.raises(NodeSpecError, match=r"unknown field.*handel.*shape, handle, sharding"):
         x.clone(handel=1)
-    with pytest.raises(NodeSpecError, match="unknown field.*shape.*op, operands"):
+    with pytest.raises(NodeSpecError, match=r"unknown field.*shape.*op, operands"):
         Generic("op", [], [F32]).clone(shape=F32)
 
 
 # --- pickling, copying -----------------------------------------------------------------------
 
+
 def test_pickle_round_trip_keeps_hashes_sharing_and_handles():
-    x, w, mm, top, out = small_graph()
+    _, w, _, top, out = small_graph()
     back = pickle.loads(pickle.dumps(out))
     assert (back.node_hash, back.dag_hash) == (out.node_hash, out.dag_hash)
     assert graph_hash(back) == graph_hash(out)
     # mm is used twice; it stays one node.
     assert back.operands[0].node.operands[0].node is back.operands[1].node
     leaf = back.operands[1].node.operands[0].node
-    assert leaf.handle == "x-buffer" and back.operands[1].node.operands[1].node.sharding == w.sharding
+    assert (
+        leaf.handle == "x-buffer" and back.operands[1].node.operands[1].node.sharding == w.sharding
+    )
     v = pickle.loads(pickle.dumps(Value(top, 1)))
     assert v.index == 1 and v.node.dag_hash == top.dag_hash
     assert pickle.loads(pickle.dumps(F32)) == F32
@@ -289,6 +323,7 @@ def test_copy_returns_the_same_immutable_object():
 
 
 # --- threads, GC -----------------------------------------------------------------------------
+
 
 def _chain(n, tag):
     node = DeviceData(Shape("float32", (n % 7, 3)))

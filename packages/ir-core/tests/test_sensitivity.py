@@ -2,8 +2,9 @@
 
 import pytest
 
-from graphs import Sharding
 from ir_core import DeviceData, Generic, Shape, Value
+
+from graphs import Sharding
 
 F32 = Shape("float32", (4, 8))
 A = DeviceData(F32)

@@ -7,7 +7,6 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport uint32_t, uint64_t
-from libc.string cimport memcpy
 
 from ir_core._nodes cimport Node, Value
 from ir_core._canon cimport (

@@ -484,7 +484,7 @@ cdef class Node:
 
     def __repr__(self):
         shapes = ", ".join(map(str, self._shapes))
-        return f"<{self.kind} {self._op} -> ({shapes}) dag_hash={self._dh_hi:016x}{self._dh_lo:016x}>"
+        return f"<{self.kind} {self._op} -> ({shapes}) dag_hash={self.dag_hash:032x}>"
 
 
 cdef int _seal(Node self, Buf* b) except -1:

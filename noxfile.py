@@ -1,0 +1,74 @@
+"""One session per package, plus integration, lint, bench and demo.
+
+Every test session builds the packages it needs from source (ir-core's Cython through its
+PEP 517 build) into a fresh virtualenv and runs their tests against the installed code, never
+the source tree. Bare ``nox`` runs lint and every test session.
+"""
+
+import nox
+
+nox.options.sessions = ["lint", "core", "sharding", "runtime", "integration"]
+nox.options.error_on_external_run = True
+
+CORE = "packages/ir-core"
+SHARDING = "packages/ir-sharding"
+RUNTIME = "packages/ir-runtime"
+# The CPU wheel of torch on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
+TORCH = "torch==2.13.0"
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+
+
+def _pytest(session, package, *args):
+    session.chdir(package)
+    session.run("pytest", "tests", *args, *session.posargs)
+
+
+@nox.session
+def core(session):
+    """ir-core alone: no numpy, jax or torch."""
+    session.install(f"./{CORE}[test]")
+    _pytest(session, CORE)
+
+
+@nox.session
+def sharding(session):
+    session.install(f"./{CORE}", f"./{SHARDING}[test]")
+    _pytest(session, SHARDING)
+
+
+@nox.session
+def runtime(session):
+    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]")
+    _pytest(session, RUNTIME)
+
+
+@nox.session
+def integration(session):
+    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}", "packaging", *TEST_DEPS)
+    session.run("pytest", "integration_tests", *session.posargs)
+
+
+@nox.session
+def lint(session):
+    session.install("ruff>=0.6", "cython-lint>=0.16")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    pyx = [
+        f"{CORE}/src/ir_core/{name}"
+        for name in ("_nodes.pyx", "_nodes.pxd", "_graph.pyx", "_canon.pxd")
+    ]
+    session.run("cython-lint", "--max-line-length", "100", *pyx)
+
+
+@nox.session
+def bench(session):
+    """Benchmarks side by side with their peers; a table on stdout, JSON under .bench/."""
+    session.install(f"./{CORE}", TORCH, "xxhash>=3.4")
+    session.run("python", f"{CORE}/bench/bench_core.py", "--json", ".bench/ir-core.json")
+
+
+@nox.session
+def demo(session):
+    """The main job (see README.md)."""
+    session.install(f"./{CORE}")
+    session.run("python", "demo.py")
