@@ -117,7 +117,9 @@ def graph_hash(roots) -> int:
     """``roots``: a sequence of (node, output index), index -1 for a whole node."""
     order = post_order([node for node, _ in roots])
     position = {id(n): k for k, n in enumerate(order)}
-    nodes = tuple(
-        (h16(n.node_hash), tuple((position[id(c)], i) for c, i in n.operands)) for n in order
+    records = b"".join(
+        encode((h16(n.node_hash), tuple((position[id(c)], i) for c, i in n.operands)))
+        for n in order
     )
-    return xxh128(encode((nodes, tuple((position[id(n)], i) for n, i in roots))))
+    head = (len(order), h16(xxh128(records)), tuple((position[id(n)], i) for n, i in roots))
+    return xxh128(encode(head))

@@ -106,7 +106,7 @@ def test_value_errors():
         Value(x, 1)
     with pytest.raises(OutputIndexError, match="output index -1"):
         Value(x, -1)
-    with pytest.raises(OperandError, match=r"needs an ir_core node, got 'x' \(str\)"):
+    with pytest.raises(OperandError, match=r"Generic or DeviceData, got 'x' \(str\)"):
         Value("x", 0)
 
 
@@ -155,9 +155,13 @@ def test_caller_mutations_do_not_reach_the_node():
     assert node.dag_hash == before
 
 
-def test_node_base_cannot_be_instantiated():
-    with pytest.raises(TypeError, match="Node cannot be instantiated"):
-        Node()
+def test_node_base_is_for_isinstance_only():
+    x, _, _, _, out = small_graph()
+    assert isinstance(x, Node) and isinstance(out, Node)
+    with pytest.raises(OperandError, match="needs an ir_core Generic or DeviceData"):
+        Value(Node(), 0)
+    with pytest.raises(OperandError, match=r"roots must be ir_core\.Value or nodes"):
+        graph_hash([Node()])
     with pytest.raises(TypeError):
 
         class Mine(Generic):  # final: no subclass can break the kind tag

@@ -57,9 +57,15 @@ cdef int _reserve(void** p, Py_ssize_t* cap, Py_ssize_t need, size_t item) excep
     return 0
 
 
+cdef extern from "Python.h":
+    # Borrowed-pointer forms of the tuple macros: the walk below holds no references of its own.
+    Py_ssize_t _tuple_size "PyTuple_GET_SIZE"(PyObject* t) nogil
+    PyObject* _tuple_item "PyTuple_GET_ITEM"(PyObject* t, Py_ssize_t k) nogil
+
+
 cdef tuple _root_nodes(object roots):
     """The node of each root (a Value or a node), and each root's output index (-1 for a node)."""
-    if isinstance(roots, (Value, Node)):
+    if type(roots) is Value or type(roots) is Generic or type(roots) is DeviceData:
         roots = (roots,)
     nodes = []
     indices = []
@@ -67,84 +73,13 @@ cdef tuple _root_nodes(object roots):
         if type(r) is Value:
             nodes.append((<Value>r).node)
             indices.append((<Value>r).index)
-        elif isinstance(r, Node):
+        elif type(r) is Generic or type(r) is DeviceData:
             nodes.append(r)
             indices.append(-1)
         else:
             raise OperandError(
                 f"root {k} is {r!r} ({type(r).__name__}); roots must be ir_core.Value or nodes")
     return tuple(nodes), tuple(indices)
-
-
-cdef int _collect(tuple roots, Order* out) except -1:
-    """Post-order of everything reachable from ``roots``, each node once; sets ``node._pos``.
-
-    Calls no Python code (see ``_epoch``)."""
-    global _epoch
-    _epoch += 1
-    cdef uint64_t epoch = _epoch
-    cdef Frame* stack = NULL
-    cdef Py_ssize_t depth = 0, stack_cap = 0, r
-    cdef Node node, child
-    cdef tuple operands
-    try:
-        for r in range(PyTuple_GET_SIZE(roots)):
-            node = <Node>PyTuple_GET_ITEM(roots, r)
-            if node._mark == epoch:
-                continue
-            node._mark = epoch
-            _reserve(<void**>&stack, &stack_cap, depth + 1, sizeof(Frame))
-            stack[depth].node = <PyObject*>node
-            stack[depth].next_operand = 0
-            depth += 1
-            while depth:
-                node = <Node>stack[depth - 1].node
-                operands = node._operands
-                if stack[depth - 1].next_operand < PyTuple_GET_SIZE(operands):
-                    child = (<Value>PyTuple_GET_ITEM(
-                        operands, stack[depth - 1].next_operand)).node
-                    stack[depth - 1].next_operand += 1
-                    # Nodes are built from existing nodes only, so the graph has no cycles and a
-                    # node can be marked when first reached.
-                    if child._mark != epoch:
-                        child._mark = epoch
-                        _reserve(<void**>&stack, &stack_cap, depth + 1, sizeof(Frame))
-                        stack[depth].node = <PyObject*>child
-                        stack[depth].next_operand = 0
-                        depth += 1
-                else:
-                    depth -= 1
-                    _reserve(<void**>&out.nodes, &out.cap, out.size + 1, sizeof(PyObject*))
-                    node._pos = out.size
-                    out.nodes[out.size] = <PyObject*>node
-                    out.size += 1
-    finally:
-        PyMem_Free(stack)
-    return 0
-
-
-def post_order(roots):
-    """Every node reachable from ``roots``, each once, operands before their users.
-
-    Args:
-        roots: a ``Value`` or node, or an iterable of them. Operands are visited in order, and
-            roots in the order given, so the order is deterministic.
-
-    Returns:
-        A list of nodes.
-    """
-    cdef tuple nodes = _root_nodes(roots)[0]
-    cdef Order order = Order(NULL, 0, 0)
-    cdef Py_ssize_t k
-    try:
-        _collect(nodes, &order)
-        result = PyList_New(order.size)
-        for k in range(order.size):
-            Py_INCREF(<object>order.nodes[k])
-            PyList_SET_ITEM(result, k, <object>order.nodes[k])
-        return result
-    finally:
-        PyMem_Free(order.nodes)
 
 
 cdef enum:
@@ -182,14 +117,107 @@ cdef inline void _put_len(Stream* s, uint32_t n) noexcept:
     s.size = ir_put_len(_room(s), c't', n) - s.buf
 
 
+cdef inline void _put_record(Stream* s, PyObject* node) noexcept:
+    """The node's graph-hash record: (node_hash, ((operand position, output index), ...))."""
+    cdef PyObject* operands = <PyObject*>(<Node>node)._operands
+    cdef Py_ssize_t k, n = _tuple_size(operands)
+    cdef PyObject* v
+    cdef char* p = ir_put_len(_room(s), c't', 2)
+    p = ir_put_hash(p, (<Node>node)._nh_lo, (<Node>node)._nh_hi)
+    s.size = ir_put_len(p, c't', <uint32_t>n) - s.buf
+    for k in range(n):
+        v = _tuple_item(operands, k)
+        _put_ref(s, (<Node>(<Value>v).node)._pos, (<Value>v).index)
+
+
+cdef int _collect(tuple roots, Order* out, Stream* s) except -1:
+    """Post-order of everything reachable from ``roots``, each node once; sets ``node._pos``.
+
+    With a stream, also writes each node's graph-hash record as the node is finished: by then
+    every operand has its position. Calls no Python code (see ``_epoch``)."""
+    global _epoch
+    _epoch += 1
+    cdef uint64_t epoch = _epoch
+    cdef Frame* stack = NULL
+    cdef Py_ssize_t depth = 0, stack_cap = 0, r, k
+    cdef PyObject* node
+    cdef PyObject* child
+    cdef PyObject* operands
+    try:
+        for r in range(PyTuple_GET_SIZE(roots)):
+            node = <PyObject*>PyTuple_GET_ITEM(roots, r)
+            if (<Node>node)._mark == epoch:
+                continue
+            (<Node>node)._mark = epoch
+            _reserve(<void**>&stack, &stack_cap, depth + 1, sizeof(Frame))
+            stack[depth].node = node
+            stack[depth].next_operand = 0
+            depth += 1
+            while depth:
+                node = stack[depth - 1].node
+                operands = <PyObject*>(<Node>node)._operands
+                k = stack[depth - 1].next_operand
+                if k < _tuple_size(operands):
+                    stack[depth - 1].next_operand = k + 1
+                    child = <PyObject*>(<Value>_tuple_item(operands, k)).node
+                    # Nodes are built from existing nodes only, so the graph has no cycles and a
+                    # node can be marked when first reached.
+                    if (<Node>child)._mark != epoch:
+                        (<Node>child)._mark = epoch
+                        _reserve(<void**>&stack, &stack_cap, depth + 1, sizeof(Frame))
+                        stack[depth].node = child
+                        stack[depth].next_operand = 0
+                        depth += 1
+                else:
+                    depth -= 1
+                    _reserve(<void**>&out.nodes, &out.cap, out.size + 1, sizeof(PyObject*))
+                    (<Node>node)._pos = out.size
+                    out.nodes[out.size] = node
+                    out.size += 1
+                    if s != NULL:
+                        _put_record(s, node)
+    finally:
+        PyMem_Free(stack)
+    return 0
+
+
+def post_order(roots):
+    """Every node reachable from ``roots``, each once, operands before their users.
+
+    Args:
+        roots: a ``Value`` or node, or an iterable of them. Operands are visited in order, and
+            roots in the order given, so the order is deterministic.
+
+    Returns:
+        A list of nodes.
+    """
+    cdef tuple nodes = _root_nodes(roots)[0]
+    cdef Order order = Order(NULL, 0, 0)
+    cdef Py_ssize_t k
+    try:
+        _collect(nodes, &order, NULL)
+        result = PyList_New(order.size)
+        for k in range(order.size):
+            Py_INCREF(<object>order.nodes[k])
+            PyList_SET_ITEM(result, k, <object>order.nodes[k])
+        return result
+    finally:
+        PyMem_Free(order.nodes)
+
+
+cdef XXH128_hash_t _digest(Stream* s) noexcept:
+    _flush(s)
+    return XXH3_128bits_digest(s.state)
+
+
 def graph_hash(roots):
     """XXH3-128 of the whole graph reachable from ``roots``, sharing included.
 
     ``dag_hash`` hashes each node's expression tree, so it cannot tell ``f(a, b)`` from
     ``f(a, a)`` when ``a`` and ``b`` are leaves of one shape. The graph hash encodes the graph
     itself: each node, in post-order, as its ``node_hash`` and its operands' post-order positions,
-    then the roots' positions. Equal graph hashes mean the same program over the same parameter
-    list; it is what a compile cache must key on.
+    then the roots' positions (the package README gives the exact encoding). Equal graph hashes
+    mean the same program over the same parameter list: it is what a compile cache keys on.
 
     Args:
         roots: a ``Value`` or node, or an iterable of them; a node root stands for all of its
@@ -202,44 +230,30 @@ def graph_hash(roots):
     nodes, indices = _root_nodes(roots)
     cdef Order order = Order(NULL, 0, 0)
     cdef Stream s = Stream(NULL, NULL, 0)
-    cdef Py_ssize_t k, j, n
-    cdef Node node
-    cdef Value v
-    cdef char* p
+    cdef Py_ssize_t k
+    cdef XXH128_hash_t records
     cdef XXH128_hash_t h
-    cdef Py_ssize_t* root_index = <Py_ssize_t*>PyMem_Malloc(
-        (PyTuple_GET_SIZE(indices) + 1) * sizeof(Py_ssize_t))
+    cdef char* p
     try:
-        if root_index == NULL:
-            raise MemoryError()
-        for k in range(PyTuple_GET_SIZE(indices)):
-            root_index[k] = <object>PyTuple_GET_ITEM(indices, k)
         s.state = XXH3_createState()
         s.buf = <char*>PyMem_Malloc(CHUNK)
         if s.state == NULL or s.buf == NULL:
             raise MemoryError()
         XXH3_128bits_reset(s.state)
-        _collect(nodes, &order)
-        # From _collect to here nothing runs Python code, so every _pos read below is this
-        # traversal's.
-        _put_len(&s, <uint32_t>2)
-        _put_len(&s, <uint32_t>order.size)
-        for k in range(order.size):
-            node = <Node>order.nodes[k]
-            n = PyTuple_GET_SIZE(node._operands)
-            p = ir_put_len(_room(&s), c't', 2)
-            p = ir_put_hash(p, node._nh_lo, node._nh_hi)
-            s.size = ir_put_len(p, c't', <uint32_t>n) - s.buf
-            for j in range(n):
-                v = <Value>PyTuple_GET_ITEM(node._operands, j)
-                _put_ref(&s, v.node._pos, v.index)
+        _collect(nodes, &order, &s)
+        records = _digest(&s)
+        # The head: (node count, records hash, roots). From _collect to here no Python code
+        # runs, so every _pos read is this traversal's.
+        XXH3_128bits_reset(s.state)
+        p = ir_put_len(s.buf, c't', 3)
+        p = ir_put_u64(p, c'i', <uint64_t>order.size)
+        s.size = ir_put_hash(p, records.low64, records.high64) - s.buf
         _put_len(&s, <uint32_t>PyTuple_GET_SIZE(nodes))
         for k in range(PyTuple_GET_SIZE(nodes)):
-            _put_ref(&s, (<Node>PyTuple_GET_ITEM(nodes, k))._pos, root_index[k])
-        _flush(&s)
-        h = XXH3_128bits_digest(s.state)
+            _put_ref(&s, (<Node>PyTuple_GET_ITEM(nodes, k))._pos,
+                     <Py_ssize_t><object>PyTuple_GET_ITEM(indices, k))
+        h = _digest(&s)
     finally:
-        PyMem_Free(root_index)
         PyMem_Free(order.nodes)
         PyMem_Free(s.buf)
         if s.state != NULL:

@@ -413,13 +413,11 @@ cdef class Node:
 
     Every field is read-only, and so are both hashes, computed once when the node is built.
     ``node.clone(**changes)`` is how a node "changes": it returns a new node.
-    """
 
-    def __cinit__(self, *args, **kwargs):
-        if type(self) is not Generic and type(self) is not DeviceData:
-            raise TypeError(
-                f"{type(self).__name__} cannot be instantiated: ir_core's node kinds are "
-                f"Generic and DeviceData")
+    ``Node`` is for ``isinstance`` checks. It has no constructor of its own (one would cost every
+    node a second argument parse); an instance made by calling it is empty, and ``Value`` and the
+    traversals refuse it.
+    """
 
     @property
     def kind(self):
@@ -483,6 +481,8 @@ cdef class Node:
         return _reduce_node(self)
 
     def __repr__(self):
+        if self._op is None:
+            return "<empty Node: build a Generic or a DeviceData>"
         shapes = ", ".join(map(str, self._shapes))
         return f"<{self.kind} {self._op} -> ({shapes}) dag_hash={self.dag_hash:032x}>"
 
@@ -601,7 +601,6 @@ cdef dict _take_changes(dict changes, tuple fields, str kind):
 
 @cython.final
 @cython.no_gc
-@cython.freelist(64)
 cdef class Generic(Node):
     """An operation: ``Generic(op, operands, shapes, attrs=None, sharding=None)``.
 
@@ -649,7 +648,6 @@ cdef tuple _DEVICE_DATA_FIELDS = ("shape", "handle", "sharding")
 
 @cython.final
 @cython.no_gc
-@cython.freelist(64)
 cdef class DeviceData(Node):
     """A leaf that holds a backend data handle: ``DeviceData(shape, handle=None, sharding=None)``.
 
@@ -705,9 +703,10 @@ cdef class Value:
     """One output of a node: ``Value(node, index=0)``."""
 
     def __cinit__(self, node, Py_ssize_t index=0):
-        if not isinstance(node, Node):
+        if type(node) is not Generic and type(node) is not DeviceData:
             raise OperandError(
-                f"Value(node, index) needs an ir_core node, got {node!r} ({type(node).__name__})")
+                f"Value(node, index) needs an ir_core Generic or DeviceData, got {node!r} "
+                f"({type(node).__name__})")
         cdef Py_ssize_t n = PyTuple_GET_SIZE((<Node>node)._shapes)
         if index < 0 or index >= n:
             raise OutputIndexError(
