@@ -29,3 +29,16 @@ cdef extern from "ir_canon.h":
     char* ir_put_len(char* p, char tag, uint32_t n) nogil
     char* ir_put_u64(char* p, char tag, uint64_t v) nogil
     char* ir_put_hash(char* p, uint64_t lo, uint64_t hi) nogil
+
+
+cdef extern from "Python.h":
+    object _PyLong_FromByteArray(const unsigned char* data, size_t n, int little_endian,
+                                 int is_signed)
+
+
+cdef inline object u128(uint64_t lo, uint64_t hi):
+    """A 128-bit hash as a Python int, built in one call."""
+    cdef char raw[16]
+    ir_store_u64le(raw, lo)
+    ir_store_u64le(raw + 8, hi)
+    return _PyLong_FromByteArray(<const unsigned char*>raw, 16, 1, 0)

@@ -20,6 +20,7 @@ from ir_core._canon cimport (
     XXH3_createState,
     XXH3_freeState,
     XXH3_state_t,
+    u128,
 )
 
 from ir_core._errors import OperandError
@@ -258,7 +259,7 @@ def graph_hash(roots):
         PyMem_Free(s.buf)
         if s.state != NULL:
             XXH3_freeState(s.state)
-    return (<object>h.high64 << 64) | <object>h.low64
+    return u128(h.low64, h.high64)
 
 
 def _reduce_node(Node node):

@@ -22,7 +22,7 @@ from ir_core._canon cimport (
     ir_put_hash,
     ir_put_len,
     ir_put_u64,
-    ir_store_u64le,
+    u128,
 )
 
 from operator import index as _as_index
@@ -285,8 +285,6 @@ cdef bytes _sharding_bytes(object sharding):
 cdef extern from "Python.h":
     int PyObject_GC_IsTracked(object op)
     void PyObject_GC_UnTrack(void* op)
-    object _PyLong_FromByteArray(const unsigned char* data, size_t n, int little_endian,
-                                 int is_signed)
 
 
 cdef inline tuple _untracked(tuple t):
@@ -299,13 +297,6 @@ cdef inline tuple _untracked(tuple t):
     if PyObject_GC_IsTracked(t):
         PyObject_GC_UnTrack(<void*>t)
     return t
-
-
-cdef inline object _u128(uint64_t lo, uint64_t hi):
-    cdef char raw[16]
-    ir_store_u64le(raw, lo)
-    ir_store_u64le(raw + 8, hi)
-    return _PyLong_FromByteArray(<const unsigned char*>raw, 16, 1, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,12 +446,12 @@ cdef class Node:
     @property
     def node_hash(self):
         """XXH3-128 of the node itself: kind, op, shapes, attrs, sharding (a 128-bit int)."""
-        return _u128(self._nh_lo, self._nh_hi)
+        return u128(self._nh_lo, self._nh_hi)
 
     @property
     def dag_hash(self):
         """XXH3-128 of ``node_hash`` and each operand's ``dag_hash`` and output index, in order."""
-        return _u128(self._dh_lo, self._dh_hi)
+        return u128(self._dh_lo, self._dh_hi)
 
     @property
     def outputs(self):
