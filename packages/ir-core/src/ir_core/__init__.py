@@ -10,6 +10,7 @@ True
 from ir_core._dump import dump_dot, dump_text
 from ir_core._errors import (
     AttributeTypeError,
+    CycleError,
     IRError,
     NodeSpecError,
     OperandError,
@@ -17,14 +18,15 @@ from ir_core._errors import (
     ShapeError,
     ShardingTypeError,
 )
-from ir_core._graph import graph_hash, post_order
+from ir_core._graph import graph_hash, post_order, relink
 from ir_core._nodes import DTYPES, DeviceData, Generic, Node, Shape, Value
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DTYPES",
     "AttributeTypeError",
+    "CycleError",
     "DeviceData",
     "Generic",
     "IRError",
@@ -40,4 +42,5 @@ __all__ = [
     "dump_text",
     "graph_hash",
     "post_order",
+    "relink",
 ]

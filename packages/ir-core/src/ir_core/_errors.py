@@ -27,3 +27,7 @@ class ShardingTypeError(IRError, TypeError):
 
 class NodeSpecError(IRError, TypeError):
     """A node's op or shapes argument of the wrong type, or an unknown ``clone`` field."""
+
+
+class CycleError(IRError, ValueError):
+    """Replacements that would make a node depend on itself."""

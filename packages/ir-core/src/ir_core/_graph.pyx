@@ -8,7 +8,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport uint32_t, uint64_t
 
-from ir_core._nodes cimport Node, Value
+from ir_core._nodes cimport Node, Value, _with_operands
 from ir_core._canon cimport (
     XXH128_hash_t,
     ir_put_hash,
@@ -23,7 +23,7 @@ from ir_core._canon cimport (
     u128,
 )
 
-from ir_core._errors import OperandError
+from ir_core._errors import CycleError, OperandError, ShapeError
 from ir_core._nodes import DeviceData, Generic
 
 
@@ -59,6 +59,8 @@ cdef int _reserve(void** p, Py_ssize_t* cap, Py_ssize_t need, size_t item) excep
 
 
 cdef extern from "Python.h":
+    int PyGC_Disable()
+    int PyGC_Enable()
     # Borrowed-pointer forms of the tuple macros: the walk below holds no references of its own.
     Py_ssize_t _tuple_size "PyTuple_GET_SIZE"(PyObject* t) nogil
     PyObject* _tuple_item "PyTuple_GET_ITEM"(PyObject* t, Py_ssize_t k) nogil
@@ -286,3 +288,203 @@ def _rebuild_graph(records):
             operands = tuple([Value(built[p], i) for p, i in r[2]])
             built.append(Generic(r[1], operands, r[3], r[4], r[5]))
     return built[len(built) - 1]
+
+
+cdef struct RelinkFrame:
+    PyObject* node
+    Py_ssize_t next_operand
+    Py_ssize_t key          # index of the node's replacement, or -1 when it is not replaced
+
+
+cdef struct Relink:
+    RelinkFrame* stack
+    Py_ssize_t depth
+    Py_ssize_t stack_cap
+    PyObject** result       # per visited node (by _pos): what its uses become; NULL until done
+    Py_ssize_t size
+    Py_ssize_t cap
+    uint64_t key_epoch
+    uint64_t epoch
+
+
+cdef int _cycle(Node n) except -1:
+    raise CycleError(
+        f"the replacements form a cycle through {n!r}: a replacement (or one of its operands) "
+        f"depends on a node it replaces. Replace the node's uses with a node built from its "
+        f"operands instead")
+
+
+cdef inline int _enter(Relink* w, PyObject* node) except -1:
+    """Push ``node`` unless it is done; a node reached again before it is done closes a cycle."""
+    cdef Py_ssize_t key = -1
+    if (<Node>node)._mark == w.epoch:
+        if w.result[(<Node>node)._pos] == NULL:
+            _cycle(<Node>node)
+        return 0
+    if (<Node>node)._mark == w.key_epoch:
+        key = (<Node>node)._pos
+    (<Node>node)._mark = w.epoch
+    if w.size == w.cap:
+        _reserve(<void**>&w.result, &w.cap, w.size + 1, sizeof(PyObject*))
+    (<Node>node)._pos = w.size
+    w.result[w.size] = NULL
+    w.size += 1
+    if w.depth == w.stack_cap:
+        _reserve(<void**>&w.stack, &w.stack_cap, w.depth + 1, sizeof(RelinkFrame))
+    w.stack[w.depth].node = node
+    w.stack[w.depth].next_operand = 0
+    w.stack[w.depth].key = key
+    w.depth += 1
+    return 0
+
+
+cdef tuple _relinked_operands(Relink* w, PyObject* operands, Py_ssize_t first):
+    """The operands with each relinked value substituted; operand ``first`` is the first one
+    that changed."""
+    cdef Py_ssize_t k, n = _tuple_size(operands)
+    cdef PyObject* v
+    cdef PyObject* old
+    cdef PyObject* new
+    cdef list out = list(<tuple>operands)
+    for k in range(first, n):
+        v = _tuple_item(operands, k)
+        old = <PyObject*>(<Value>v).node
+        new = w.result[(<Node>old)._pos]
+        if new != old:
+            out[k] = Value(<object>new, (<Value>v).index)
+    return tuple(out)
+
+
+cdef inline Py_ssize_t _first_changed(Relink* w, PyObject* operands) noexcept:
+    cdef Py_ssize_t k, n = _tuple_size(operands)
+    cdef PyObject* old
+    for k in range(n):
+        old = <PyObject*>(<Value>_tuple_item(operands, k)).node
+        if w.result[(<Node>old)._pos] != old:
+            return k
+    return -1
+
+
+cdef int _relink_walk(Relink* w, tuple roots, tuple replacements, list built) except -1:
+    cdef RelinkFrame* top
+    cdef PyObject* node
+    cdef PyObject* child
+    cdef PyObject* operands
+    cdef Py_ssize_t r, k
+    for r in range(PyTuple_GET_SIZE(roots)):
+        _enter(w, <PyObject*>PyTuple_GET_ITEM(roots, r))
+        while w.depth:
+            top = &w.stack[w.depth - 1]
+            node = top.node
+            if top.key >= 0:
+                # A replaced node: its uses become whatever its replacement relinks to.
+                child = <PyObject*>PyTuple_GET_ITEM(replacements, top.key)
+                if top.next_operand == 0:
+                    top.next_operand = 1
+                    _enter(w, child)
+                    continue
+                w.result[(<Node>node)._pos] = w.result[(<Node>child)._pos]
+                w.depth -= 1
+                continue
+            operands = <PyObject*>(<Node>node)._operands
+            k = top.next_operand
+            if k < _tuple_size(operands):
+                top.next_operand = k + 1
+                _enter(w, <PyObject*>(<Value>_tuple_item(operands, k)).node)
+                continue
+            w.depth -= 1
+            k = _first_changed(w, operands)
+            if k < 0:
+                w.result[(<Node>node)._pos] = node
+            else:
+                rebuilt = _with_operands(<Node>node, _relinked_operands(w, operands, k))
+                built.append(rebuilt)
+                w.result[(<Node>node)._pos] = <PyObject*>rebuilt
+    return 0
+
+
+def relink(roots, replacements):
+    """The graph of ``roots`` with every use of a replaced node going through its replacement.
+
+    A node is rebuilt (``clone(operands=...)``: same ``node_hash``, new ``dag_hash``) exactly
+    when one of its operands changed, and at most once; everything else, every subgraph that
+    reaches no replaced node included, is the very same object. A replacement's own operands are
+    relinked too, and a replacement that is itself replaced is followed, so no replaced node is
+    reachable from the result. Iterative: a million-node chain works. Nothing is modified: on an
+    error the old graph is as it was and nothing new is kept.
+
+    Args:
+        roots: a ``Value`` or node, or an iterable of them.
+        replacements: a mapping of old node to new node. The new node must have the same output
+            shapes as the old one, so that every consumer stays valid.
+
+    Returns:
+        The new roots, in the form given: one ``Value`` or node, or a list of them.
+
+    Raises:
+        OperandError: a root, key or replacement that is not a node (or a Value, for roots).
+        ShapeError: a replacement whose output shapes differ from those of the node it replaces.
+        CycleError: a replacement that depends on a node it replaces.
+    """
+    cdef bint single = type(roots) is Value or type(roots) is Generic or type(roots) is DeviceData
+    cdef tuple nodes, indices
+    roots = (roots,) if single else tuple(roots)
+    nodes, indices = _root_nodes(roots)
+    try:
+        items = replacements.items()
+    except AttributeError:
+        raise OperandError(
+            f"replacements must be a mapping of old node to new node, got {replacements!r} "
+            f"({type(replacements).__name__})") from None
+    cdef list keys = [], news = []
+    for old, new in items:
+        for what, n in (("key", old), ("replacement", new)):
+            if type(n) is not Generic and type(n) is not DeviceData:
+                raise OperandError(
+                    f"replacement {what} {n!r} ({type(n).__name__}) is not an ir_core node; "
+                    f"relink maps old nodes to new nodes")
+        if (<Node>old)._shapes != (<Node>new)._shapes:
+            raise ShapeError(
+                f"the replacement for {old!r} has output shapes "
+                f"({', '.join(map(str, (<Node>new)._shapes))}), not the replaced node's "
+                f"({', '.join(map(str, (<Node>old)._shapes))}); consumers would no longer "
+                f"match their operands. Replace a node with one of the same output shapes")
+        keys.append(old)
+        news.append(new)
+    if not keys:
+        return roots[0] if single else list(roots)
+
+    global _epoch
+    cdef Relink w
+    w.stack = NULL
+    w.result = NULL
+    w.depth = w.stack_cap = w.size = w.cap = 0
+    cdef list built = []
+    cdef Py_ssize_t k
+    # No Python code may run between stamping and the last read of a stamp (see _epoch); only
+    # a collection triggered by allocating the rebuilt nodes' tuples could run any (finalizers).
+    cdef int gc_was_enabled = PyGC_Disable()
+    try:
+        _epoch += 1
+        w.key_epoch = _epoch
+        for k in range(len(keys)):
+            (<Node>keys[k])._mark = w.key_epoch
+            (<Node>keys[k])._pos = k
+        _epoch += 1
+        w.epoch = _epoch
+        _relink_walk(&w, nodes, tuple(news), built)
+        out = []
+        for k in range(PyTuple_GET_SIZE(nodes)):
+            old = <object>PyTuple_GET_ITEM(nodes, k)
+            new = <object>w.result[(<Node>old)._pos]
+            i = <Py_ssize_t><object>PyTuple_GET_ITEM(indices, k)
+            if new is old:
+                out.append(roots[k])
+            else:
+                out.append(new if i < 0 else Value(new, i))
+    finally:
+        PyMem_Free(w.stack)
+        PyMem_Free(w.result)
+        if gc_was_enabled:
+            PyGC_Enable()
+    return out[0] if single else out

@@ -27,3 +27,8 @@ cdef class Node:
 cdef class Value:
     cdef readonly Node node
     cdef readonly Py_ssize_t index
+
+
+# A Generic like ``src`` (a Generic) but with ``operands``, a tuple of Value: node_hash copied,
+# dag_hash computed. For traversals that rebuild nodes (relink).
+cdef Node _with_operands(Node src, tuple operands)

@@ -481,9 +481,6 @@ cdef class Node:
 cdef int _seal(Node self, Buf* b) except -1:
     """Append the sharding to the node record in ``b``, then set both hashes."""
     cdef XXH128_hash_t h
-    cdef Value v
-    cdef Py_ssize_t k, n = PyTuple_GET_SIZE(self._operands)
-    cdef char* p
     if self._sharding_bytes is None:
         put_byte(b, c'N')
     else:
@@ -492,7 +489,15 @@ cdef int _seal(Node self, Buf* b) except -1:
     h = XXH3_128bits(b.data, b.size)
     self._nh_lo = h.low64
     self._nh_hi = h.high64
-    # The dag record: (node_hash, ((operand dag_hash, output index), ...)).
+    return _seal_dag(self, b)
+
+
+cdef int _seal_dag(Node self, Buf* b) except -1:
+    """Set dag_hash from node_hash and the operands: (node_hash, ((dag_hash, index), ...))."""
+    cdef XXH128_hash_t h
+    cdef Value v
+    cdef Py_ssize_t k, n = PyTuple_GET_SIZE(self._operands)
+    cdef char* p
     b.size = 0
     if 31 + 35 * n > b.cap:
         buf_grow(b, 31 + 35 * n)
@@ -605,6 +610,9 @@ cdef class Generic(Node):
 
     def __cinit__(self, op, operands, shapes, attrs=None, sharding=None):
         cdef Buf b
+        if op is _REBUILD:
+            _init_with_operands(self, <Generic?>shapes, operands)
+            return
         self._op = _check_op(op)
         self._operands = _untracked(_check_operands(operands, self._op))
         self._shapes = _untracked(_check_shapes(shapes, self._op))
@@ -624,6 +632,8 @@ cdef class Generic(Node):
         Fields: ``op``, ``operands``, ``shapes``, ``attrs``, ``sharding``.
         """
         _take_changes(changes, _GENERIC_FIELDS, "Generic")
+        if len(changes) == 1 and "operands" in changes:
+            return Generic(_REBUILD, changes["operands"], self)
         return Generic(
             changes.get("op", self._op),
             changes.get("operands", self._operands),
@@ -634,6 +644,34 @@ cdef class Generic(Node):
 
 
 cdef tuple _GENERIC_FIELDS = ("op", "operands", "shapes", "attrs", "sharding")
+
+# Passed as ``op`` to build a Generic that copies everything but its operands from another one:
+# the node record does not include operands, so node_hash is copied and only dag_hash is
+# computed. Private to this package (clone(operands=...) and relink).
+cdef object _REBUILD = object()
+
+
+cdef int _init_with_operands(Generic self, Generic src, object operands) except -1:
+    cdef Buf b
+    self._op = src._op
+    self._operands = _untracked(_check_operands(operands, src._op))
+    self._shapes = src._shapes
+    self._attrs = src._attrs
+    self._attrs_view = src._attrs_view
+    self._sharding = src._sharding
+    self._sharding_bytes = src._sharding_bytes
+    self._nh_lo = src._nh_lo
+    self._nh_hi = src._nh_hi
+    buf_init(&b)
+    try:
+        _seal_dag(self, &b)
+    finally:
+        buf_free(&b)
+    return 0
+
+
+cdef Node _with_operands(Node src, tuple operands):
+    return Generic(_REBUILD, operands, src)
 cdef tuple _DEVICE_DATA_FIELDS = ("shape", "handle", "sharding")
 
 
