@@ -2,13 +2,16 @@
 
 Records one SGD step of a linear model (y = x @ W + b, mean-squared error) as an ir-core graph,
 twice over new data, and shows what a compile cache keys on: the graph hash is the same for
-every step, and changes when a parameter is annotated with a sharding.
+every step, and changes when a parameter is annotated with a sharding over a 4x2 device mesh.
+Annotating the recorded step (clone W with the sharding, relink its consumers) gives exactly the
+graph recorded with W sharded from the start.
 
-Training under SPMD on virtual CPU devices arrives with ir-sharding and ir-runtime (issues #3
-to #5); this script grows into that demo.
+Training under SPMD on virtual CPU devices arrives with ir-runtime (issues #4 and #5); this
+script grows into that demo.
 """
 
 from ir_core import DeviceData, Generic, Shape, Value, dump_text, graph_hash, post_order
+from ir_sharding import Mesh, ShardingSpec, relink, with_sharding
 
 BATCH, IN, OUT, LR = 16, 32, 8, 0.1
 
@@ -41,23 +44,10 @@ def sgd_step(x, y, w, b):
     return [new_w, new_b, loss]
 
 
-class MeshSharding:
-    """A stand-in until ir-sharding lands: an annotation only has to supply canonical bytes."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def canonical_bytes(self):
-        return self.text.encode()
-
-    def __repr__(self):
-        return self.text
-
-
 def parameters(w_sharding=None):
     return (
-        Value(DeviceData(f32(IN, OUT), handle="W buffer", sharding=w_sharding)),
-        Value(DeviceData(f32(OUT), handle="b buffer")),
+        Value(DeviceData(f32(IN, OUT), handle="W", sharding=w_sharding)),
+        Value(DeviceData(f32(OUT), handle="b")),
     )
 
 
@@ -79,11 +69,22 @@ def main():
     # Every step after the first reads the previous step's graph, so only fresh leaves compare:
     fresh = [graph_hash(sgd_step(*batch(s), *parameters())) for s in range(3)]
     assert len(set(fresh)) == 1, "same step over new data must hash the same"
-    sharded = graph_hash(sgd_step(*batch(0), *parameters(MeshSharding("W: (None, 'model')"))))
+    mesh = Mesh(range(8), (4, 2), ("data", "model"))
+    w_spec = ShardingSpec(mesh, (None, "model"))
+    sharded = graph_hash(sgd_step(*batch(0), *parameters(w_spec)))
     assert sharded != fresh[0]
+    # Annotate the step already recorded: W's node is cloned with the spec, and every consumer
+    # is relinked to the clone.
+    recorded = sgd_step(*batch(0), *parameters())
+    w_node = next(n for n in post_order(recorded) if n.op == "device_data" and n.handle == "W")
+    annotated = relink(recorded, {w_node: with_sharding(Value(w_node), w_spec).node})
+    assert graph_hash(annotated) == sharded
     print(f"one step over new data: graph_hash {fresh[0]:032x} every time (one compile)")
-    print(f"the same step with W sharded:  {sharded:032x} (compiles once more)\n")
-    print(dump_text(sgd_step(*batch(0), *parameters(MeshSharding("W: (None, 'model')")))))
+    print(f"the same step with W sharded:  {sharded:032x} (compiles once more)")
+    print(f"W annotated after recording:   {graph_hash(annotated):032x} (the same program)\n")
+    print(f"W {w_spec.partition_spec} over {mesh}: {w_spec.to_hlo_text()}")
+    print(w_spec.visualize((IN, OUT)), end="\n\n")
+    print(dump_text(annotated))
 
 
 if __name__ == "__main__":

@@ -63,12 +63,15 @@ def lint(session):
 @nox.session
 def bench(session):
     """Benchmarks side by side with their peers; a table on stdout, JSON under .bench/."""
-    session.install(f"./{CORE}", TORCH, "xxhash>=3.4")
+    session.install(f"./{CORE}", f"./{SHARDING}[jax]", TORCH, "xxhash>=3.4")
     session.run("python", f"{CORE}/bench/bench_core.py", "--json", ".bench/ir-core.json")
+    session.run(
+        "python", f"{SHARDING}/bench/bench_sharding.py", "--json", ".bench/ir-sharding.json"
+    )
 
 
 @nox.session
 def demo(session):
     """The main job (see README.md)."""
-    session.install(f"./{CORE}")
+    session.install(f"./{CORE}", f"./{SHARDING}")
     session.run("python", "demo.py")

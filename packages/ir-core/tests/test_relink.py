@@ -88,9 +88,7 @@ def _reaches(node, keys, memo):
 def test_relink_matches_the_graph_built_with_the_replacements_in_place(spec, data):
     nodes = [n for n, _ in build(spec)]
     picked = data.draw(st.sets(st.integers(0, len(nodes) - 1), max_size=4))
-    replacements = {
-        nodes[i]: _replacement(nodes[i], nodes[:i], data.draw) for i in sorted(picked)
-    }
+    replacements = {nodes[i]: _replacement(nodes[i], nodes[:i], data.draw) for i in sorted(picked)}
     root_picks = data.draw(st.lists(st.integers(0, len(nodes) - 1), min_size=1, max_size=4))
     roots = [Value(nodes[i], len(nodes[i].shapes) - 1) for i in root_picks]
 
@@ -242,9 +240,10 @@ def test_clone_with_new_operands_keeps_node_hash():
     s = Generic("sub", [Value(a), Value(b)], [F32], {"alpha": 2}, Sharding(b"s"))
     swapped = s.clone(operands=[Value(b), Value(a)])
     assert swapped.node_hash == s.node_hash
-    assert swapped.dag_hash == Generic(
-        "sub", [Value(b), Value(a)], [F32], {"alpha": 2}, Sharding(b"s")
-    ).dag_hash
+    assert (
+        swapped.dag_hash
+        == Generic("sub", [Value(b), Value(a)], [F32], {"alpha": 2}, Sharding(b"s")).dag_hash
+    )
     assert swapped.attrs == s.attrs and swapped.sharding is s.sharding
     with pytest.raises(OperandError, match="operand 0 of 'sub' is 1"):
         s.clone(operands=[1])

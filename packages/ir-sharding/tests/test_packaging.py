@@ -1,5 +1,7 @@
-"""The skeleton installs with its declared sibling ranges satisfied."""
+"""The package installs with its sibling ranges satisfied and imports only ir_core and numpy."""
 
+import subprocess
+import sys
 from importlib.metadata import requires, version
 
 from packaging.requirements import Requirement
@@ -16,3 +18,14 @@ def test_sibling_ranges_are_satisfied_by_what_is_installed():
     assert siblings, "ir-sharding must declare its range on ir-core"
     for req in siblings:
         assert version(req.name) in req.specifier, (req, version(req.name))
+
+
+def test_importing_it_imports_no_jax_or_torch():
+    code = (
+        "import sys, ir_sharding; "
+        "m = ir_sharding.ShardingSpec(ir_sharding.Mesh(range(4), (2, 2), ('a', 'b')), "
+        "('a', None)); m.to_hlo_text(); m.visualize((4, 4)); "
+        "print(sorted(k for k in ('jax', 'torch') if k in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

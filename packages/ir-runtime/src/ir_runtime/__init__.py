@@ -5,6 +5,6 @@ Not implemented yet: this is the package's skeleton (issue #4). It installs, dec
 version and its range on its siblings, and nothing else.
 """
 
-__version__ = "0.0.1"
+__version__ = "0.0.2"
 
 __all__: list[str] = []

@@ -1,9 +1,30 @@
-"""ir_sharding: Meshes, sharding specs, clone-with-sharding and relink for ir-core graphs.
+"""ir_sharding: meshes, sharding specs, clone-with-sharding and relink for ir-core graphs.
 
-Not implemented yet: this is the package's skeleton (issue #3). It installs, declares its
-version and its range on its siblings, and nothing else.
+>>> from ir_core import DeviceData, Shape, Value
+>>> mesh = Mesh(range(8), (4, 2), ("data", "model"))
+>>> spec = ShardingSpec(mesh, ("data", None))
+>>> spec.kind
+<ShardingKind.PARTIAL: 3>
+>>> x = Value(DeviceData(Shape("float32", (16, 4))))
+>>> with_sharding(x, spec).node.sharding == spec
+True
 """
 
-__version__ = "0.0.1"
+from ir_core import relink
+from ir_sharding._annotate import TupleSharding, clear_sharding, with_sharding
+from ir_sharding._errors import ShardingError
+from ir_sharding._mesh import Mesh
+from ir_sharding._spec import ShardingKind, ShardingSpec
 
-__all__: list[str] = []
+__version__ = "0.1.0"
+
+__all__ = [
+    "Mesh",
+    "ShardingError",
+    "ShardingKind",
+    "ShardingSpec",
+    "TupleSharding",
+    "clear_sharding",
+    "relink",
+    "with_sharding",
+]
