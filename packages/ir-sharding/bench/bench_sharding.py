@@ -10,7 +10,7 @@
 2. ShardingSpec construction + canonical_bytes(), against jax building the NamedSharding of the
    same placement and converting it to its HLO sharding. Both cache the placement computed
    for a mesh and spec (a training loop builds the same few specs every step); "cold" clears
-   ir_sharding's cache before each spec.
+   ir_sharding's caches before each spec.
 
 Prints a table and writes JSON (``--json PATH``).
 """
@@ -25,7 +25,7 @@ import time
 
 from ir_core import DeviceData, Generic, Shape, Value, post_order
 from ir_sharding import Mesh, ShardingSpec, relink, with_sharding
-from ir_sharding._spec import _PLACEMENTS
+from ir_sharding._spec import _PARSED, _PLACEMENTS
 
 SHAPE = Shape("float32", (1024, 1024))
 SPEC = ShardingSpec(Mesh(range(8), (4, 2), ("data", "model")), (None, "model"))
@@ -94,6 +94,7 @@ def spec_case(name, mesh_args, partition_spec, repeats, loops):
     def ours_cold():
         for _ in range(loops):
             _PLACEMENTS.clear()
+            _PARSED.clear()
             ShardingSpec(mesh, partition_spec).canonical_bytes()
 
     row = {

@@ -82,6 +82,31 @@ def _parse(mesh: Mesh, partition_spec) -> tuple[tuple[int, ...], ...]:
     return entries
 
 
+def _names_only(partition_spec) -> bool:
+    if type(partition_spec) is not tuple:
+        return False
+    for e in partition_spec:
+        if e is not None and type(e) is not str:
+            if type(e) is not tuple or any(type(a) is not str for a in e):
+                return False
+    return True
+
+
+def _parse_by_name(mesh: Mesh, partition_spec):
+    """``_parse``, remembered for specs written with axis names only (the usual way). Specs with
+    indices are parsed every time: ``(True,) == (1,)``, so they cannot key a cache."""
+    if not _names_only(partition_spec):
+        return _parse(mesh, partition_spec)
+    key = (mesh, partition_spec)
+    entries = _PARSED.get(key)
+    if entries is None:
+        entries = _parse(mesh, partition_spec)
+        if len(_PARSED) >= _PLACEMENTS_MAX:
+            _PARSED.clear()
+        _PARSED[key] = entries
+    return entries
+
+
 def _u64s(values) -> bytes:
     return struct.pack(f"<{len(values)}Q", *values)
 
@@ -132,6 +157,7 @@ def _placement(mesh: Mesh, entries, kind, device):
 # Placements already computed, by (mesh, entries, kind, device): a training loop builds the
 # same few specs on every step. Bounded; values are immutable.
 _PLACEMENTS: dict = {}
+_PARSED: dict = {}
 _PLACEMENTS_MAX = 4096
 
 
@@ -160,7 +186,7 @@ class ShardingSpec:
 
     def __init__(self, mesh: Mesh, partition_spec):
         _check_mesh(mesh)
-        self._init(mesh, _parse(mesh, partition_spec), None, None)
+        self._init(mesh, _parse_by_name(mesh, partition_spec), None, None)
 
     @classmethod
     def replicated(cls, mesh: Mesh) -> ShardingSpec:
