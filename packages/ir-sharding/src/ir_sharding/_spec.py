@@ -21,6 +21,9 @@ class ShardingKind(enum.IntEnum):
     PARTIAL = 3  # split over some mesh axes, replicated over the rest (last_tile_dim_replicate)
     MANUAL = 4  # each device holds its own local array; the program is written per device
 
+    def __str__(self):
+        return self.name
+
 
 # Canonical bytes: _MAGIC, the kind as one byte, then the kind's body (package README).
 _MAGIC = b"irsh1"
