@@ -123,3 +123,23 @@ def graph_hash(roots) -> int:
     )
     head = (len(order), h16(xxh128(records)), tuple((position[id(n)], i) for n, i in roots))
     return xxh128(encode(head))
+
+
+def graph_fingerprint(roots) -> bytes:
+    """``roots`` as for ``graph_hash``: every node's full record, its operand positions, roots."""
+    order = post_order([node for node, _ in roots])
+    position = {id(n): k for k, n in enumerate(order)}
+    records = tuple(
+        (
+            (
+                n.kind,
+                n.op,
+                tuple((dtype, tuple(dims)) for dtype, dims in n.shapes),
+                n.attrs,
+                None if n.sharding is None else n.sharding.canonical_bytes(),
+            ),
+            tuple((position[id(c)], i) for c, i in n.operands),
+        )
+        for n in order
+    )
+    return encode((len(order), records, tuple((position[id(n)], i) for n, i in roots)))

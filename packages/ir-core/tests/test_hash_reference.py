@@ -6,7 +6,15 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ir_core import DeviceData, Generic, Shape, Value, graph_hash, post_order
+from ir_core import (
+    DeviceData,
+    Generic,
+    Shape,
+    Value,
+    graph_fingerprint,
+    graph_hash,
+    post_order,
+)
 
 import reference
 from graphs import Sharding, attr_values, build, graph_specs, shapes
@@ -37,6 +45,7 @@ def test_graph_hash_and_post_order_match_reference(spec, data):
             roots.append(Value(node, index))
             ref_roots.append((ref, index))
     assert graph_hash(roots) == reference.graph_hash(ref_roots)
+    assert graph_fingerprint(roots) == reference.graph_fingerprint(ref_roots)
     by_ref = {id(ref): node for node, ref in built}
     expected = [by_ref[id(r)] for r in reference.post_order([r for r, _ in ref_roots])]
     assert post_order(roots) == expected

@@ -12,6 +12,7 @@ from ir_core import (
     Value,
     dump_dot,
     dump_text,
+    graph_fingerprint,
     graph_hash,
     post_order,
 )
@@ -118,3 +119,25 @@ def test_million_node_chain():
     assert dot.count(" -> ") == n + 1
     del dot
     del node  # freeing the chain must not overflow the C stack
+
+
+def test_graph_fingerprint_tells_apart_what_graph_hash_tells_apart():
+    a, b = leaf(), leaf()
+    s = op("add", a, b)
+    assert graph_fingerprint(op("mul", s, a)) != graph_fingerprint(op("mul", s, b))
+    assert graph_fingerprint(op("mul", s, a)) == graph_fingerprint(op("mul", s, a))
+    assert graph_fingerprint(Value(s)) != graph_fingerprint(s)  # output index -1 for a node
+    assert graph_fingerprint(op("add", a, b, attrs={"k": 1})) != graph_fingerprint(
+        op("add", a, b, attrs={"k": True})
+    )
+    # The same program over new leaves: equal, like graph_hash.
+    c, d = leaf("c"), leaf("d")
+    assert graph_fingerprint(op("add", a, b)) == graph_fingerprint(op("add", c, d))
+
+
+def test_graph_fingerprint_of_a_million_node_chain():
+    n = leaf()
+    for _ in range(1_000_000):
+        n = Generic("neg", (Value(n),), (F32,))
+    raw = graph_fingerprint(n)
+    assert raw[:13] == b"t\x03\x00\x00\x00i" + (1_000_001).to_bytes(8, "little")

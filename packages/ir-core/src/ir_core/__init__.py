@@ -18,7 +18,7 @@ from ir_core._errors import (
     ShapeError,
     ShardingTypeError,
 )
-from ir_core._graph import graph_hash, post_order, relink
+from ir_core._graph import graph_fingerprint, graph_hash, post_order, relink
 from ir_core._nodes import DTYPES, DeviceData, Generic, Node, Shape, Value
 
 __version__ = "0.2.0"
@@ -40,6 +40,7 @@ __all__ = [
     "Value",
     "dump_dot",
     "dump_text",
+    "graph_fingerprint",
     "graph_hash",
     "post_order",
     "relink",

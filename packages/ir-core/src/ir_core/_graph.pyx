@@ -8,7 +8,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport uint32_t, uint64_t
 
-from ir_core._nodes cimport Node, Value, _with_operands
+from ir_core._nodes cimport Node, Value, _fingerprint, _with_operands
 from ir_core._canon cimport (
     XXH128_hash_t,
     ir_put_hash,
@@ -262,6 +262,36 @@ def graph_hash(roots):
         if s.state != NULL:
             XXH3_freeState(s.state)
     return u128(h.low64, h.high64)
+
+
+def graph_fingerprint(roots):
+    """The graph's exact canonical bytes: what ``graph_hash`` identifies, in full.
+
+    Every node in post-order as its whole node record (the bytes its ``node_hash`` hashes: kind,
+    op, shapes, attributes, sharding) with its operands' post-order positions, then the roots;
+    the package README gives the encoding. Two graphs have equal fingerprints exactly when they
+    are the same program over the same parameter list, so a compile cache that finds an entry by
+    ``graph_hash`` compares fingerprints to rule out a collision.
+
+    Args:
+        roots: a ``Value`` or node, or an iterable of them.
+
+    Returns:
+        bytes.
+    """
+    cdef tuple nodes, indices
+    nodes, indices = _root_nodes(roots)
+    cdef Order order = Order(NULL, 0, 0)
+    # From _collect to the last _pos read no Python code may run (see _epoch); encoding
+    # allocates bytes objects only, but a collection triggered meanwhile could run finalizers.
+    cdef int gc_was_enabled = PyGC_Disable()
+    try:
+        _collect(nodes, &order, NULL)
+        return _fingerprint(order.nodes, order.size, nodes, indices)
+    finally:
+        PyMem_Free(order.nodes)
+        if gc_was_enabled:
+            PyGC_Enable()
 
 
 def _reduce_node(Node node):

@@ -1,3 +1,4 @@
+from cpython.object cimport PyObject
 from libc.stdint cimport uint64_t
 
 
@@ -32,3 +33,6 @@ cdef class Value:
 # A Generic like ``src`` (a Generic) but with ``operands``, a tuple of Value: node_hash copied,
 # dag_hash computed. For traversals that rebuild nodes (relink).
 cdef Node _with_operands(Node src, tuple operands)
+
+# The exact canonical bytes of a graph whose nodes (post-order, ``_pos`` set) are ``nodes``.
+cdef bytes _fingerprint(PyObject** nodes, Py_ssize_t count, tuple roots, tuple indices)

@@ -670,6 +670,59 @@ cdef int _init_with_operands(Generic self, Generic src, object operands) except 
     return 0
 
 
+cdef int _put_record(Buf* b, Node n) except -1:
+    """Re-encode the node record that node_hash hashes, from the node's fields."""
+    cdef Py_ssize_t k, m = PyTuple_GET_SIZE(n._attrs) // 2
+    _put_head(b, _GENERIC_PREFIX if type(n) is Generic else _DEVICE_DATA_PREFIX, n._op, n._shapes)
+    put_tag_len(b, c'm', m)
+    for k in range(m):
+        name = <str>PyTuple_GET_ITEM(n._attrs, 2 * k)
+        put_str(b, name)
+        put_value(b, <object>PyTuple_GET_ITEM(n._attrs, 2 * k + 1), 0, name, n._op)
+    if n._sharding_bytes is None:
+        put_byte(b, c'N')
+    else:
+        put_tag_len(b, c'y', len(n._sharding_bytes))
+        put_raw(b, n._sharding_bytes, len(n._sharding_bytes))
+    return 0
+
+
+cdef inline int _put_ref(Buf* b, Py_ssize_t pos, Py_ssize_t index) except -1:
+    put_tag_len(b, c't', 2)
+    put_tag_u64(b, c'i', <uint64_t>pos)
+    put_tag_u64(b, c'i', <uint64_t>index)
+    return 0
+
+
+cdef bytes _fingerprint(PyObject** nodes, Py_ssize_t count, tuple roots, tuple indices):
+    cdef Buf b
+    cdef Node n
+    cdef Value v
+    cdef Py_ssize_t k, j, m
+    buf_init(&b)
+    try:
+        put_tag_len(&b, c't', 3)
+        put_tag_u64(&b, c'i', <uint64_t>count)
+        put_tag_len(&b, c't', count)
+        for k in range(count):
+            n = <Node>nodes[k]
+            put_tag_len(&b, c't', 2)
+            _put_record(&b, n)
+            m = PyTuple_GET_SIZE(n._operands)
+            put_tag_len(&b, c't', m)
+            for j in range(m):
+                v = <Value>PyTuple_GET_ITEM(n._operands, j)
+                _put_ref(&b, v.node._pos, v.index)
+        m = PyTuple_GET_SIZE(roots)
+        put_tag_len(&b, c't', m)
+        for k in range(m):
+            _put_ref(&b, (<Node>PyTuple_GET_ITEM(roots, k))._pos,
+                     <Py_ssize_t><object>PyTuple_GET_ITEM(indices, k))
+        return b.data[:b.size]
+    finally:
+        buf_free(&b)
+
+
 cdef Node _with_operands(Node src, tuple operands):
     return Generic(_REBUILD, operands, src)
 cdef tuple _DEVICE_DATA_FIELDS = ("shape", "handle", "sharding")

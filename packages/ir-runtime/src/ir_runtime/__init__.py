@@ -1,10 +1,65 @@
-"""ir_runtime: lowering of ir-core graphs to XLA through JAX, a compile cache, SPMD execution,
-and the PyTorch lazy-tensor front end.
+"""ir_runtime: lower ir-core graphs to XLA through JAX, cache compiled programs, run them SPMD.
 
-Not implemented yet: this is the package's skeleton (issue #4). It installs, declares its
-version and its range on its siblings, and nothing else.
+>>> import numpy as np
+>>> from ir_core import Generic, Value
+>>> x = to_device(np.ones((2, 3), np.float32))
+>>> y = Generic("aten::mul.Scalar", [Value(x)], [x.shape], {"other": 2.0})
+>>> to_host(execute([Value(y)])[0]).tolist()
+[[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]
 """
 
-__version__ = "0.0.2"
+import jax
 
-__all__: list[str] = []
+# torch's dtypes: int64 and float64 stay 64-bit.
+jax.config.update("jax_enable_x64", True)
+
+from ir_runtime._compile import CACHE, Executable, compile, execute, lower  # noqa: E402
+from ir_runtime._data import to_device, to_host  # noqa: E402
+from ir_runtime._devices import devices, init  # noqa: E402
+from ir_runtime._errors import (  # noqa: E402
+    CompileError,
+    DeviceCountError,
+    DTypeError,
+    ExecutionError,
+    LoweringError,
+    RuntimeIRError,
+    UnsupportedOpError,
+)
+from ir_runtime._lowering import RULES, register  # noqa: E402
+from ir_runtime._metrics import metrics, metrics_report, reset_metrics  # noqa: E402
+from ir_sharding import Mesh  # noqa: E402
+
+__version__ = "0.1.0"
+
+register_lowering = register
+
+
+def supported_ops() -> list[str]:
+    """Every op name with a lowering rule."""
+    return sorted(RULES)
+
+
+__all__ = [
+    "CACHE",
+    "CompileError",
+    "DTypeError",
+    "DeviceCountError",
+    "Executable",
+    "ExecutionError",
+    "LoweringError",
+    "Mesh",
+    "RuntimeIRError",
+    "UnsupportedOpError",
+    "compile",
+    "devices",
+    "execute",
+    "init",
+    "lower",
+    "metrics",
+    "metrics_report",
+    "register_lowering",
+    "reset_metrics",
+    "supported_ops",
+    "to_device",
+    "to_host",
+]

@@ -1,0 +1,295 @@
+"""Graphs to XLA: lowering to one jitted function, the compile cache, execution."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+
+import jax
+import jaxlib
+import numpy as np
+
+from ir_core import DeviceData, Shape, Value, graph_fingerprint, graph_hash, post_order
+from ir_runtime import _metrics
+from ir_runtime._dtypes import name_of, to_numpy_dtype
+from ir_runtime._errors import CompileError, ExecutionError, LoweringError, RuntimeIRError
+from ir_runtime._lowering import rule_for
+from ir_runtime._placement import Program, spec_from_jax, specs_of
+
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+
+
+def _roots(roots) -> list:
+    if isinstance(roots, Value):
+        return [roots]
+    out = []
+    for k, r in enumerate(roots):
+        if not isinstance(r, Value):
+            raise LoweringError(f"root {k} is {r!r}; roots are ir_core.Value objects")
+        out.append(r)
+    return out
+
+
+class _Graph:
+    """One graph prepared for lowering: its post-order, parameters and program devices."""
+
+    def __init__(self, roots):
+        self.roots = _roots(roots)
+        self.order = post_order(self.roots)
+        self.params = [n for n in self.order if type(n) is DeviceData]
+        self.program = Program(self.order)
+
+    def in_shardings(self):
+        return [self.program.jax_sharding(self._single(p)) for p in self.params]
+
+    def out_shardings(self):
+        # None lets XLA choose; a root's own annotation pins its result there.
+        outs = []
+        for r in self.roots:
+            specs = r.node.sharding
+            if specs is None:
+                outs.append(None)
+            else:
+                spec = specs.specs[r.index] if hasattr(specs, "specs") else specs
+                outs.append(None if spec is None else self.program.jax_sharding(spec))
+        return outs
+
+    def _single(self, node):
+        specs = specs_of(node.sharding)
+        return specs[0] if specs else None
+
+    def abstract_params(self):
+        shardings = self.in_shardings()
+        return [
+            jax.ShapeDtypeStruct(p.shape.dims, to_numpy_dtype(p.shape.dtype), sharding=s)
+            for p, s in zip(self.params, shardings, strict=True)
+        ]
+
+    def function(self):
+        """The graph as a function of its parameters' arrays. It closes over the nodes, so it is
+        used only to trace and then dropped: the cache keeps compiled programs, not graphs."""
+        order, params, roots = self.order, self.params, self.roots
+        program = self.program
+
+        def run(*args):
+            env = {id(p): (a,) for p, a in zip(params, args, strict=True)}
+            for n in order:
+                if type(n) is DeviceData:
+                    continue
+                env[id(n)] = _lower_node(n, [env[id(v.node)][v.index] for v in n.operands], program)
+            return tuple(env[id(r.node)][r.index] for r in roots)
+
+        return run
+
+
+def _lower_node(n, operands, program):
+    rule = rule_for(n.op)
+    try:
+        out = rule(n, *operands)
+    except RuntimeIRError:
+        raise
+    except Exception as e:
+        raise LoweringError(
+            f"lowering {n.op!r} failed: {type(e).__name__}: {e} (node {n!r})"
+        ) from e
+    outs = out if isinstance(out, tuple) else (out,)
+    if len(outs) != len(n.shapes):
+        raise LoweringError(
+            f"the rule for {n.op!r} gave {len(outs)} output(s), the node has {len(n.shapes)}"
+        )
+    checked = []
+    for k, (o, s) in enumerate(zip(outs, n.shapes, strict=True)):
+        if tuple(o.shape) != s.dims or name_of(o.dtype) != s.dtype:
+            raise LoweringError(
+                f"the rule for {n.op!r} gave output {k} as {name_of(o.dtype)}{list(o.shape)}, "
+                f"but the node says {s}; the rule or the front end's shape inference is wrong"
+            )
+        if n.sharding is not None:
+            specs = specs_of(n.sharding)
+            spec = n.sharding.specs[k] if hasattr(n.sharding, "specs") else specs[0]
+            if spec is not None:
+                o = jax.lax.with_sharding_constraint(o, program.jax_sharding(spec))
+        checked.append(o)
+    return tuple(checked)
+
+
+def lower(roots) -> str:
+    """The StableHLO text of the graph of ``roots`` (a ``Value`` or a list of them)."""
+    g = _Graph(roots)
+    return _lowered(g, ()).as_text()
+
+
+def _lowered(g: _Graph, donate: tuple):
+    with _metrics.timed("LowerTime"):
+        fn = jax.jit(
+            g.function(),
+            in_shardings=g.in_shardings(),
+            out_shardings=tuple(g.out_shardings()),
+            donate_argnums=donate,
+            keep_unused=True,
+        )
+        return fn.lower(*g.abstract_params())
+
+
+class Executable:
+    """A compiled graph: call ``run(arrays)`` with one array per parameter (in ``post_order``
+    order of the graph's DeviceData nodes)."""
+
+    def __init__(self, g: _Graph, donate: tuple, fingerprint: bytes):
+        lowered = _lowered(g, donate)
+        start = time.perf_counter()
+        try:
+            self.compiled = lowered.compile()
+        except Exception as e:
+            raise CompileError(f"XLA could not compile the graph: {type(e).__name__}: {e}") from e
+        _metrics.record("CompileTime", time.perf_counter() - start)
+        _metrics.count("CompileCount")
+        self.fingerprint = fingerprint
+        self.donate = donate
+        self.program = g.program
+        self.in_shardings = g.in_shardings()
+        self.out_shapes = [Shape(r.shape.dtype, r.shape.dims) for r in g.roots]
+        self.out_specs = [
+            spec_from_jax(s, len(shape.dims), g.program)
+            for s, shape in zip(self.compiled.output_shardings, self.out_shapes, strict=True)
+        ]
+        text = self.compiled.as_text() or ""
+        self.has_collectives = any(c in text for c in _COLLECTIVES)
+        self.sync = self.has_collectives and self.program.devices[0].platform == "cpu"
+        self.num_nodes = len(g.order)
+
+    def run(self, arrays: list) -> list:
+        start = time.perf_counter()
+        try:
+            outs = self.compiled(*arrays)
+            if self.sync:
+                # XLA's CPU collectives deadlock when executions overlap (ANCHORS.md): never
+                # launch a collective program while the previous one still runs.
+                jax.block_until_ready(outs)
+                _metrics.count("CollectiveSync")
+        except Exception as e:
+            raise ExecutionError(
+                f"the program failed on the device: {type(e).__name__}: {e}"
+            ) from e
+        _metrics.record("ExecuteTime", time.perf_counter() - start)
+        _metrics.count("ExecuteCount")
+        return outs
+
+
+class CompileCache:
+    """Compiled programs by graph hash plus everything else that changes the executable. A hit
+    also compares the graph's full fingerprint, so two graphs that share a hash never share a
+    program."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self._entries: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _key(self, roots, g: _Graph, donate: tuple):
+        env = (
+            jax.__version__,
+            jaxlib.__version__,
+            os.environ.get("XLA_FLAGS", ""),
+            jax.config.jax_enable_x64,
+        )
+        return (graph_hash(roots), donate, g.program.device_ids, env)
+
+    def get(self, roots, donate=()) -> tuple[Executable, _Graph]:
+        start = time.perf_counter()
+        g = _Graph(roots)
+        donate = _donate_indices(g, donate)
+        key = self._key(g.roots, g, donate)
+        fingerprint = graph_fingerprint(g.roots)
+        with self._lock:
+            bucket = self._entries.get(key)
+            if bucket is not None:
+                self._entries.move_to_end(key)
+                for exe in bucket:
+                    if exe.fingerprint == fingerprint:
+                        _metrics.count("CacheHit")
+                        _metrics.record("CacheLookupTime", time.perf_counter() - start)
+                        return exe, g
+        _metrics.count("CacheMiss")
+        _metrics.record("GraphNodes", len(g.order))
+        exe = Executable(g, donate, fingerprint)
+        with self._lock:
+            self._entries.setdefault(key, []).append(exe)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+        return exe, g
+
+    def clear(self):
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self):
+        return sum(len(b) for b in self._entries.values())
+
+
+def _donate_indices(g: _Graph, donate) -> tuple:
+    donate = list(donate)
+    if not donate:
+        return ()
+    position = {id(p): k for k, p in enumerate(g.params)}
+    out = []
+    for d in donate:
+        if id(d) not in position:
+            raise LoweringError(f"cannot donate {d!r}: it is not a parameter of this graph")
+        out.append(position[id(d)])
+    return tuple(sorted(set(out)))
+
+
+CACHE = CompileCache()
+
+
+def _place(p: DeviceData, sharding):
+    """The parameter's buffer on ``sharding``: moved only when it is not already there."""
+    h = p.handle
+    if h is None:
+        raise LoweringError(f"parameter {p!r} has no data (handle None); bind an array first")
+    if isinstance(h, jax.Array):
+        if h.is_deleted():
+            raise ExecutionError(f"parameter {p!r} holds a deleted (donated) buffer")
+        if h.sharding == sharding or h.sharding.is_equivalent_to(sharding, h.ndim):
+            return h
+        _metrics.count("Reshard")
+        return jax.device_put(h, sharding)
+    _metrics.count("TransferToDevice")
+    expected = to_numpy_dtype(p.shape.dtype)
+    return jax.device_put(np.asarray(h, dtype=expected), sharding)
+
+
+def compile(roots, donate=()) -> Executable:
+    """The compiled program of the graph of ``roots``, from the cache when it is there."""
+    return CACHE.get(roots, donate)[0]
+
+
+def execute(roots, donate=()) -> list[DeviceData]:
+    """Run the graph of ``roots``; one ``DeviceData`` per root, holding its result.
+
+    Args:
+        roots: a ``Value`` or a list of them.
+        donate: parameters (``DeviceData`` nodes of the graph) whose buffers the program may
+            reuse for its results; their handles are invalid afterwards.
+
+    Returns:
+        ``DeviceData`` nodes whose handle is the result's ``jax.Array`` and whose sharding is
+        where XLA put it (None: replicated over the program's devices).
+
+    Raises:
+        UnsupportedOpError, LoweringError, CompileError, ExecutionError. Inputs are untouched by
+        any of them, except donated buffers once the program has started.
+    """
+    exe, g = CACHE.get(roots, donate)
+    arrays = [_place(p, s) for p, s in zip(g.params, exe.in_shardings, strict=True)]
+    if exe.donate:
+        _metrics.count("DonatedBuffers", len(exe.donate))
+    outs = exe.run(arrays)
+    return [
+        DeviceData(shape, handle=a, sharding=spec)
+        for shape, a, spec in zip(exe.out_shapes, outs, exe.out_specs, strict=True)
+    ]

@@ -1,0 +1,424 @@
+"""Elementwise math, comparisons, casts and selection.
+
+Arithmetic runs in the output dtype the front end inferred with torch's promotion rules (so
+int64 + float32 is computed in float32, as torch does); comparisons run in the operands'
+common dtype and return bool.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ir_runtime._lowering._registry import out_dtype, register, scalar
+
+
+def _cast(x, dtype):
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def _compute_dtype(node):
+    """Arithmetic on integers or bools whose output is float happens in the output dtype."""
+    return out_dtype(node)
+
+
+# -- binary arithmetic ---------------------------------------------------------------------
+
+_BINARY = {
+    "add": jnp.add,
+    "sub": jnp.subtract,
+    "mul": jnp.multiply,
+    "maximum": jnp.maximum,
+    "minimum": jnp.minimum,
+    "atan2": jnp.arctan2,
+    "bitwise_and": jnp.bitwise_and,
+    "bitwise_or": jnp.bitwise_or,
+    "bitwise_xor": jnp.bitwise_xor,
+    "fmod": jnp.fmod,
+    "remainder": jnp.remainder,
+    "floor_divide": jnp.floor_divide,
+    "copysign": jnp.copysign,
+    "hypot": jnp.hypot,
+}
+
+
+def _binary(fn, with_alpha):
+    def tensor_tensor(node, x, y):
+        dt = out_dtype(node)
+        y = _cast(y, dt)
+        if with_alpha and node.attrs.get("alpha", 1) != 1:
+            y = y * scalar(node.attrs["alpha"], dt)
+        return fn(_cast(x, dt), y)
+
+    def tensor_scalar(node, x):
+        dt = out_dtype(node)
+        y = scalar(node.attrs["other"], dt)
+        if with_alpha and node.attrs.get("alpha", 1) != 1:
+            y = y * scalar(node.attrs["alpha"], dt)
+        return fn(_cast(x, dt), y)
+
+    return tensor_tensor, tensor_scalar
+
+
+for _name, _fn in _BINARY.items():
+    _tt, _ts = _binary(_fn, _name in ("add", "sub"))
+    register(f"aten::{_name}.Tensor", f"aten::{_name}.default", f"aten::{_name}")(_tt)
+    register(f"aten::{_name}.Scalar")(_ts)
+
+
+@register("aten::pow.Tensor_Tensor")
+def _pow_tt(node, x, y):
+    dt = out_dtype(node)
+    return jnp.power(_cast(x, dt), _cast(y, dt))
+
+
+@register("aten::pow.Tensor_Scalar")
+def _pow_ts(node, x):
+    dt = out_dtype(node)
+    e = node.attrs["exponent"]
+    if isinstance(e, int) and not isinstance(e, bool) and 0 <= e <= 8:
+        return lax.integer_pow(_cast(x, dt), e)
+    return jnp.power(_cast(x, dt), scalar(e, dt))
+
+
+@register("aten::pow.Scalar")
+def _pow_st(node, y):
+    dt = out_dtype(node)
+    return jnp.power(scalar(node.attrs["self"], dt), _cast(y, dt))
+
+
+@register("aten::rsub.Tensor")
+def _rsub_tt(node, x, y):
+    dt = out_dtype(node)
+    return _cast(y, dt) - _cast(x, dt) * scalar(node.attrs.get("alpha", 1), dt)
+
+
+@register("aten::rsub.Scalar")
+def _rsub_ts(node, x):
+    dt = out_dtype(node)
+    alpha = scalar(node.attrs.get("alpha", 1), dt)
+    return scalar(node.attrs["other"], dt) - _cast(x, dt) * alpha
+
+
+def _divide(x, y, mode, dt):
+    if mode is None:
+        return jnp.true_divide(x, y).astype(dt)
+    q = jnp.true_divide(x, y) if jnp.issubdtype(dt, jnp.floating) else None
+    if mode == "trunc":
+        if q is None:
+            return lax.div(x, y)  # integer division rounds toward zero
+        return jnp.trunc(q)
+    if mode == "floor":
+        return jnp.floor_divide(x, y) if q is None else jnp.floor(q)
+    raise ValueError(f"div rounding_mode must be None, 'trunc' or 'floor', got {mode!r}")
+
+
+@register("aten::div.Tensor", "aten::true_divide.Tensor")
+def _div_tt(node, x, y):
+    dt = out_dtype(node)
+    return _divide(_cast(x, dt), _cast(y, dt), None, dt)
+
+
+@register("aten::div.Scalar")
+def _div_ts(node, x):
+    dt = out_dtype(node)
+    return _divide(_cast(x, dt), scalar(node.attrs["other"], dt), None, dt)
+
+
+@register("aten::div.Tensor_mode")
+def _div_mode(node, x, y):
+    dt = out_dtype(node)
+    return _divide(_cast(x, dt), _cast(y, dt), node.attrs.get("rounding_mode"), dt)
+
+
+@register("aten::div.Scalar_mode")
+def _div_scalar_mode(node, x):
+    dt = out_dtype(node)
+    y = scalar(node.attrs["other"], dt)
+    return _divide(_cast(x, dt), y, node.attrs.get("rounding_mode"), dt)
+
+
+# -- unary ---------------------------------------------------------------------------------
+
+_UNARY = {
+    "neg": jnp.negative,
+    "abs": jnp.abs,
+    "exp": jnp.exp,
+    "exp2": jnp.exp2,
+    "log": jnp.log,
+    "log2": jnp.log2,
+    "log10": jnp.log10,
+    "log1p": jnp.log1p,
+    "expm1": jnp.expm1,
+    "sqrt": jnp.sqrt,
+    "rsqrt": lax.rsqrt,
+    "reciprocal": jnp.reciprocal,
+    "sin": jnp.sin,
+    "cos": jnp.cos,
+    "tan": jnp.tan,
+    "tanh": jnp.tanh,
+    "sinh": jnp.sinh,
+    "cosh": jnp.cosh,
+    "asin": jnp.arcsin,
+    "acos": jnp.arccos,
+    "atan": jnp.arctan,
+    "asinh": jnp.arcsinh,
+    "acosh": jnp.arccosh,
+    "atanh": jnp.arctanh,
+    "sigmoid": jax.nn.sigmoid,
+    "erf": jax.scipy.special.erf,
+    "erfinv": jax.scipy.special.erfinv,
+    "floor": jnp.floor,
+    "ceil": jnp.ceil,
+    "round": jnp.round,
+    "trunc": jnp.trunc,
+    "sign": jnp.sign,
+    "sgn": jnp.sign,
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "bitwise_not": jnp.invert,
+    "square": jnp.square,
+}
+
+for _name, _fn in _UNARY.items():
+
+    def _unary(node, x, _fn=_fn):
+        return _fn(_cast(x, out_dtype(node)))
+
+    register(f"aten::{_name}.default", f"aten::{_name}")(_unary)
+
+
+@register("aten::logical_not.default", "aten::logical_not")
+def _logical_not(node, x):
+    return jnp.logical_not(x)
+
+
+@register("aten::isnan.default", "aten::isinf.default", "aten::isfinite.default")
+def _is(node, x):
+    return getattr(jnp, node.op.split("::")[1].split(".")[0])(x)
+
+
+@register("aten::gelu.default", "aten::gelu")
+def _gelu(node, x):
+    approximate = node.attrs.get("approximate", "none") == "tanh"
+    return jax.nn.gelu(_cast(x, out_dtype(node)), approximate=approximate)
+
+
+@register("aten::leaky_relu.default", "aten::leaky_relu")
+def _leaky_relu(node, x):
+    return jax.nn.leaky_relu(x, node.attrs.get("negative_slope", 0.01))
+
+
+@register("aten::elu.default", "aten::elu")
+def _elu(node, x):
+    a = node.attrs
+    alpha, scale, input_scale = a.get("alpha", 1.0), a.get("scale", 1.0), a.get("input_scale", 1.0)
+    return scale * jnp.where(x > 0, x, alpha * jnp.expm1(x * input_scale))
+
+
+@register("aten::hardtanh.default", "aten::hardtanh")
+def _hardtanh(node, x):
+    return jnp.clip(x, node.attrs.get("min_val", -1.0), node.attrs.get("max_val", 1.0))
+
+
+@register("aten::clamp.default", "aten::clamp")
+def _clamp(node, x):
+    dt = out_dtype(node)
+    lo, hi = node.attrs.get("min"), node.attrs.get("max")
+    x = _cast(x, dt)
+    if lo is not None:
+        x = jnp.maximum(x, scalar(lo, dt))
+    if hi is not None:
+        x = jnp.minimum(x, scalar(hi, dt))
+    return x
+
+
+@register("aten::clamp.Tensor")
+def _clamp_tensor(node, x, *bounds):
+    dt = out_dtype(node)
+    x = _cast(x, dt)
+    it = iter(bounds)
+    if "min" not in node.attrs:
+        x = jnp.maximum(x, _cast(next(it), dt))
+    if "max" not in node.attrs:
+        x = jnp.minimum(x, _cast(next(it), dt))
+    return x
+
+
+@register("aten::nan_to_num.default", "aten::nan_to_num")
+def _nan_to_num(node, x):
+    a = node.attrs
+    return jnp.nan_to_num(
+        x, nan=a.get("nan") or 0.0, posinf=a.get("posinf"), neginf=a.get("neginf")
+    )
+
+
+# -- comparisons and logic -----------------------------------------------------------------
+
+_COMPARE = {
+    "eq": jnp.equal,
+    "ne": jnp.not_equal,
+    "lt": jnp.less,
+    "le": jnp.less_equal,
+    "gt": jnp.greater,
+    "ge": jnp.greater_equal,
+    "logical_and": jnp.logical_and,
+    "logical_or": jnp.logical_or,
+    "logical_xor": jnp.logical_xor,
+}
+
+
+def _common(x, y):
+    dt = jnp.promote_types(x.dtype, y.dtype)
+    return _cast(x, dt), _cast(y, dt)
+
+
+def _scalar_like(x, value):
+    """A Python scalar compared with a tensor, as torch does: in the tensor's dtype unless the
+    scalar is a float and the tensor is not, then in float32 (torch's default dtype)."""
+    if isinstance(value, float) and not jnp.issubdtype(x.dtype, jnp.inexact):
+        return _cast(x, np.float32), scalar(value, np.float32)
+    return x, scalar(value, x.dtype)
+
+
+for _name, _fn in _COMPARE.items():
+
+    def _cmp_tt(node, x, y, _fn=_fn):
+        return _fn(*_common(x, y))
+
+    def _cmp_ts(node, x, _fn=_fn):
+        return _fn(*_scalar_like(x, node.attrs["other"]))
+
+    register(f"aten::{_name}.Tensor", f"aten::{_name}.default", f"aten::{_name}")(_cmp_tt)
+    register(f"aten::{_name}.Scalar")(_cmp_ts)
+
+
+# -- selection, casts, fills ---------------------------------------------------------------
+
+
+@register("aten::where.self")
+def _where(node, cond, x, y):
+    dt = out_dtype(node)
+    return jnp.where(cond, _cast(x, dt), _cast(y, dt))
+
+
+@register("aten::where.ScalarOther")
+def _where_scalar_other(node, cond, x):
+    dt = out_dtype(node)
+    return jnp.where(cond, _cast(x, dt), scalar(node.attrs["other"], dt))
+
+
+@register("aten::where.ScalarSelf")
+def _where_scalar_self(node, cond, y):
+    dt = out_dtype(node)
+    return jnp.where(cond, scalar(node.attrs["self"], dt), _cast(y, dt))
+
+
+@register(
+    "aten::_to_copy.default",
+    "aten::clone.default",
+    "aten::alias.default",
+    "aten::lift_fresh_copy.default",
+    "aten::contiguous.default",
+    "aten::detach.default",
+    "aten::_to_copy",
+    "aten::clone",
+    "ir::cast",
+)
+def _copy(node, x):
+    return _cast(x, out_dtype(node))
+
+
+@register("aten::masked_fill.Scalar")
+def _masked_fill(node, x, mask):
+    dt = out_dtype(node)
+    return jnp.where(mask, scalar(node.attrs["value"], dt), _cast(x, dt))
+
+
+@register("aten::masked_fill.Tensor")
+def _masked_fill_tensor(node, x, mask, value):
+    dt = out_dtype(node)
+    return jnp.where(mask, _cast(value, dt), _cast(x, dt))
+
+
+@register("aten::fill.Scalar")
+def _fill(node, x):
+    dt = out_dtype(node)
+    return jnp.full(x.shape, node.attrs["value"], dtype=dt)
+
+
+@register("aten::fill.Tensor")
+def _fill_tensor(node, x, value):
+    return jnp.broadcast_to(_cast(value, out_dtype(node)), x.shape)
+
+
+@register("aten::lerp.Scalar")
+def _lerp(node, x, end):
+    dt = out_dtype(node)
+    return _cast(x, dt) + scalar(node.attrs["weight"], dt) * (_cast(end, dt) - _cast(x, dt))
+
+
+@register("aten::lerp.Tensor")
+def _lerp_tensor(node, x, end, weight):
+    dt = out_dtype(node)
+    x = _cast(x, dt)
+    return x + _cast(weight, dt) * (_cast(end, dt) - x)
+
+
+@register("aten::addcmul.default")
+def _addcmul(node, x, t1, t2):
+    dt = out_dtype(node)
+    v = scalar(node.attrs.get("value", 1), dt)
+    return _cast(x, dt) + v * _cast(t1, dt) * _cast(t2, dt)
+
+
+@register("aten::addcdiv.default")
+def _addcdiv(node, x, t1, t2):
+    dt = out_dtype(node)
+    v = scalar(node.attrs.get("value", 1), dt)
+    return _cast(x, dt) + v * _cast(t1, dt) / _cast(t2, dt)
+
+
+# -- the backward ops of activations ---------------------------------------------------------
+
+
+@register("aten::threshold_backward.default")
+def _threshold_backward(node, grad, x):
+    return jnp.where(x <= node.attrs["threshold"], jnp.zeros((), grad.dtype), grad)
+
+
+@register("aten::sigmoid_backward.default")
+def _sigmoid_backward(node, grad, y):
+    return grad * y * (1 - y)
+
+
+@register("aten::tanh_backward.default")
+def _tanh_backward(node, grad, y):
+    return grad * (1 - y * y)
+
+
+@register("aten::gelu_backward.default")
+def _gelu_backward(node, grad, x):
+    approximate = node.attrs.get("approximate", "none") == "tanh"
+    _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate), x)
+    return vjp(grad)[0]
+
+
+@register("aten::silu_backward.default")
+def _silu_backward(node, grad, x):
+    s = jax.nn.sigmoid(x)
+    return grad * s * (1 + x * (1 - s))
+
+
+@register("aten::leaky_relu_backward.default")
+def _leaky_relu_backward(node, grad, x):
+    slope = node.attrs.get("negative_slope", 0.01)
+    return jnp.where(x > 0, grad, grad * slope)
+
+
+@register("aten::hardtanh_backward.default")
+def _hardtanh_backward(node, grad, x):
+    lo, hi = node.attrs.get("min_val", -1.0), node.attrs.get("max_val", 1.0)
+    return jnp.where((x <= lo) | (x >= hi), jnp.zeros((), grad.dtype), grad)

@@ -1,0 +1,107 @@
+"""Where a program runs and how its arrays are placed: ShardingSpec <-> jax shardings."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from ir_runtime._devices import device_by_id, devices
+from ir_runtime._errors import LoweringError
+from ir_sharding import Mesh, ShardingKind, ShardingSpec, TupleSharding
+
+
+def specs_of(sharding) -> list:
+    """The ShardingSpecs inside a node's sharding annotation."""
+    if sharding is None:
+        return []
+    if isinstance(sharding, TupleSharding):
+        return [s for s in sharding.specs if s is not None]
+    if isinstance(sharding, ShardingSpec):
+        return [sharding]
+    raise LoweringError(
+        f"sharding {sharding!r} ({type(sharding).__name__}) is not an ir_sharding ShardingSpec "
+        f"or TupleSharding; the runtime places arrays only by those"
+    )
+
+
+class Program:
+    """The devices a graph runs on: the mesh of its shardings, or one device when it has none.
+
+    An unsharded parameter or result is replicated over these devices (``sharding=None`` means
+    exactly that, so a step whose results come back replicated hashes like the step before).
+    """
+
+    def __init__(self, nodes):
+        mesh = None
+        for n in nodes:
+            for spec in specs_of(n.sharding):
+                if mesh is None:
+                    mesh = spec.mesh
+                elif set(spec.mesh.device_ids) != set(mesh.device_ids):
+                    raise LoweringError(
+                        f"one graph uses two device sets: {sorted(mesh.device_ids)} and "
+                        f"{sorted(spec.mesh.device_ids)} (from {n!r}); every sharding in a "
+                        f"program must be over the same devices"
+                    )
+        self.mesh = mesh
+        by_id = device_by_id()
+        if mesh is None:
+            self.device_ids = (devices()[0].id,)
+        else:
+            missing = [d for d in mesh.device_ids if d not in by_id]
+            if missing:
+                raise LoweringError(
+                    f"mesh device {missing[0]} does not exist; the backend has devices "
+                    f"{sorted(by_id)} (ir_runtime.init(cpu_devices=N) on CPU)"
+                )
+            self.device_ids = mesh.device_ids
+        self.devices = [by_id[d] for d in self.device_ids]
+        if len(self.devices) == 1:
+            self.replicated = SingleDeviceSharding(self.devices[0])
+        else:
+            flat = jax.sharding.Mesh(np.array(self.devices, dtype=object), ("devices",))
+            self.replicated = NamedSharding(flat, PartitionSpec())
+        self._converted = {}
+
+    def jax_sharding(self, spec):
+        """The jax sharding for a ShardingSpec, or the replicated default for None."""
+        if spec is None:
+            return self.replicated
+        converted = self._converted.get(spec)
+        if converted is None:
+            converted = self._converted[spec] = spec.to_jax()
+        return converted
+
+
+def spec_from_jax(sharding, ndim: int, program: Program):
+    """The ShardingSpec of a placement jax reports, None when it is replicated over the
+    program's devices. Built from XLA's own tile assignment, so any sharding converts."""
+    hlo = sharding._to_xla_hlo_sharding(ndim)
+    assignment = list(sharding._device_assignment)
+    if hlo.is_replicated():
+        ids = {d.id for d in assignment}
+        if ids == set(program.device_ids):
+            return None
+        return ShardingSpec.replicated(Mesh(sorted(ids), (len(ids),), ("devices",)))
+    if hlo.is_maximal():
+        return ShardingSpec.maximal(
+            Mesh(program.device_ids, (len(program.device_ids),), ("devices",)),
+            assignment[hlo.get_unique_device()].id,
+        )
+    if hlo.is_manual():
+        return ShardingSpec.manual(
+            Mesh(program.device_ids, (len(program.device_ids),), ("devices",))
+        )
+    proto = hlo.to_proto()
+    dims = list(proto.tile_assignment_dimensions)
+    order = hlo.tile_assignment_devices()
+    ids = [assignment[k].id for k in order]
+    names = [f"t{k}" for k in range(len(dims))]
+    replicated_last = bool(proto.replicate_on_last_tile_dim) or bool(proto.last_tile_dims)
+    spec = tuple(names[:ndim]) if not replicated_last else tuple(names[: len(dims) - 1])
+    spec = tuple(n if d > 1 else None for n, d in zip(spec, dims, strict=False))
+    out = ShardingSpec(Mesh(ids, dims, names), spec)
+    if out.kind is ShardingKind.REPLICATED and set(ids) == set(program.device_ids):
+        return None
+    return out

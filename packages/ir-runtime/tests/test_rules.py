@@ -1,0 +1,331 @@
+"""Each lowering rule against torch eager on random inputs, several shapes and dtypes."""
+
+import pytest
+import torch
+from aten import check
+
+torch.manual_seed(0)
+
+
+def rnd(*shape, dtype=torch.float32, low=-2.0, high=2.0):
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(int(low) - 3, int(high) + 4, shape, dtype=dtype)
+    return (torch.rand(shape, dtype=torch.float64) * (high - low) + low).to(dtype)
+
+
+def pos(*shape, dtype=torch.float32):
+    return rnd(*shape, dtype=dtype, low=0.1, high=3.0)
+
+
+FLOATS = [torch.float32, torch.float64]
+SHAPES = [(5,), (3, 4), (2, 3, 4)]
+
+BINARY = ["add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "maximum", "minimum", "atan2"]
+
+
+@pytest.mark.parametrize("name", BINARY)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_binary_float(name, dtype, shape):
+    check(name, rnd(*shape, dtype=dtype), rnd(*shape, dtype=dtype))
+
+
+@pytest.mark.parametrize(
+    "name", ["add.Tensor", "sub.Tensor", "mul.Tensor", "maximum", "bitwise_and.Tensor"]
+)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_binary_int(name, dtype):
+    check(name, rnd(3, 4, dtype=dtype), rnd(3, 4, dtype=dtype))
+
+
+def test_broadcasting_and_promotion():
+    check("add.Tensor", rnd(3, 1, 4), rnd(5, 1), alpha=2.5)
+    check("mul.Tensor", rnd(3, 4, dtype=torch.int64), rnd(4))  # int64 * float32 -> float32
+    check("sub.Tensor", rnd(3, 4, dtype=torch.float64), rnd(3, 4), alpha=3)
+    check("add.Scalar", rnd(3, 4, dtype=torch.int64), 2)
+    check("mul.Scalar", rnd(3, 4, dtype=torch.int64), 0.5)  # -> float32
+    check("div.Scalar", rnd(6), 3.0)
+    check("rsub.Scalar", rnd(6), 1.0)
+    check("div.Tensor_mode", rnd(8), pos(8), rounding_mode="floor")
+    check("div.Tensor_mode", rnd(8), pos(8), rounding_mode="trunc")
+    check(
+        "div.Tensor_mode",
+        rnd(8, dtype=torch.int64),
+        rnd(8, dtype=torch.int64, low=1, high=3).abs() + 1,
+        rounding_mode="trunc",
+    )
+    check("pow.Tensor_Scalar", rnd(6), 2)
+    check("pow.Tensor_Scalar", pos(6), 0.5)
+    check("pow.Tensor_Tensor", pos(6), rnd(6))
+    check("remainder.Tensor", rnd(6), pos(6))
+
+
+UNARY = [
+    "neg",
+    "abs",
+    "exp",
+    "tanh",
+    "sigmoid",
+    "sin",
+    "cos",
+    "relu",
+    "silu",
+    "floor",
+    "ceil",
+    "sign",
+    "erf",
+    "expm1",
+    "log1p",
+]
+
+
+@pytest.mark.parametrize("name", UNARY)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_unary(name, dtype):
+    check(name, rnd(4, 5, dtype=dtype, low=-0.9, high=0.9))
+
+
+@pytest.mark.parametrize("name", ["log", "sqrt", "rsqrt", "reciprocal"])
+def test_unary_positive(name):
+    check(name, pos(4, 5))
+
+
+def test_activations_and_their_gradients():
+    x = rnd(4, 6)
+    check("gelu", x)
+    check("gelu", x, approximate="tanh")
+    check("leaky_relu", x, 0.2)
+    check("hardtanh", x, -0.5, 0.5)
+    check("elu", x)
+    g = rnd(4, 6)
+    check("threshold_backward", g, x, 0.0)
+    check("sigmoid_backward", g, torch.sigmoid(x))
+    check("tanh_backward", g, torch.tanh(x))
+    check("gelu_backward", g, x)
+    check("gelu_backward", g, x, approximate="tanh", atol=1e-5)
+    check("silu_backward", g, x)
+    check("clamp", x, -0.5, 0.7)
+    check("clamp", x, None, 0.7)
+
+
+@pytest.mark.parametrize("name", ["eq", "ne", "lt", "le", "gt", "ge"])
+def test_comparisons(name):
+    a = rnd(3, 4, dtype=torch.int64)
+    check(f"{name}.Tensor", a, rnd(3, 4, dtype=torch.int64))
+    check(f"{name}.Tensor", rnd(3, 4), rnd(4))
+    check(f"{name}.Scalar", a, 1)
+    check(f"{name}.Scalar", a, 0.5)
+
+
+def test_logic_where_casts_fills():
+    b, c = rnd(3, 4, dtype=torch.bool), rnd(3, 4, dtype=torch.bool)
+    check("logical_and", b, c)
+    check("logical_not", b)
+    check("where.self", b, rnd(3, 4), rnd(3, 4, dtype=torch.float64))
+    check("_to_copy", rnd(3, 4), dtype=torch.int32)
+    check("_to_copy", rnd(3, 4, dtype=torch.int64), dtype=torch.float32)
+    check("_to_copy", rnd(3, 4), dtype=torch.bfloat16, rtol=1e-2)
+    check("_to_copy", rnd(3, 4), dtype=torch.float16, rtol=1e-3)
+    check("masked_fill.Scalar", rnd(3, 4), b, -1.5)
+    check("fill.Scalar", rnd(3, 4), 2.0)
+    check("lerp.Scalar", rnd(5), rnd(5), 0.3)
+    check("addcmul", rnd(5), rnd(5), rnd(5), value=0.5)
+    check("addcdiv", rnd(5), rnd(5), pos(5), value=-2)
+    check("clone", rnd(2, 3))
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (2, 3, 4)])
+def test_reductions(shape):
+    x = rnd(*shape)
+    check("sum", x)
+    check("sum.dim_IntList", x, [0], True)
+    check("sum.dim_IntList", x, [-1])
+    check("sum.dim_IntList", rnd(*shape, dtype=torch.int64), [0])
+    check("mean.dim", x, [1], False)
+    check("mean", x)
+    check("amax", x, [0])
+    check("amin", x, [-1], True)
+    check("max.dim", x, 1)
+    check("min.dim", x, 0, True)
+    check("argmax", x, 1)
+    check("argmin", x)
+    check("var.correction", x, [1], correction=1, keepdim=True)
+    check("std.correction", x, [0], correction=0)
+    check("prod.dim_int", pos(*shape), 0)
+    check("any.dim", x > 0, 0)
+    check("logsumexp", x, [1])
+    check("cumsum", x, 1)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_matmul_family(dtype):
+    check("mm", rnd(5, 7, dtype=dtype), rnd(7, 3, dtype=dtype), rtol=1e-5, atol=1e-5)
+    check("bmm", rnd(2, 5, 7, dtype=dtype), rnd(2, 7, 3, dtype=dtype), rtol=1e-5, atol=1e-5)
+    check(
+        "addmm",
+        rnd(3, dtype=dtype),
+        rnd(5, 7, dtype=dtype),
+        rnd(7, 3, dtype=dtype),
+        beta=0.5,
+        alpha=2.0,
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize(
+    ("stride", "padding", "dilation", "groups"),
+    [(1, 0, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1), (1, 1, 1, 2)],
+)
+def test_convolution_and_backward(stride, padding, dilation, groups):
+    x, w, b = rnd(2, 4, 9, 9), rnd(6, 4 // groups, 3, 3), rnd(6)
+    args = ([stride] * 2, [padding] * 2, [dilation] * 2, False, [0, 0], groups)
+    check("convolution", x, w, b, *args, rtol=1e-4, atol=1e-4)
+    g = rnd(*torch.ops.aten.convolution(x, w, b, *args).shape)
+    check("convolution_backward", g, x, w, [6], *args, [True, True, True], rtol=1e-4, atol=1e-4)
+
+
+def test_transposed_convolution():
+    x, w = rnd(2, 4, 5, 5), rnd(4, 3, 3, 3)
+    check("convolution", x, w, None, [2, 2], [1, 1], [1, 1], True, [1, 1], 1, rtol=1e-4, atol=1e-4)
+
+
+def test_shape_ops():
+    x = rnd(2, 3, 4)
+    check("view", x, [6, 4])
+    check("permute", x, [2, 0, 1])
+    check("transpose.int", x, 0, 2)
+    check("t", rnd(3, 5))
+    check("expand", rnd(3, 1), [2, 3, 4])
+    check("squeeze.dim", rnd(3, 1, 4), 1)
+    check("unsqueeze", x, 1)
+    check("slice.Tensor", x, 2, 1, 4, 2)
+    check("slice.Tensor", x, 0, -1)
+    check("select.int", x, 1, -1)
+    check("cat", [x, rnd(2, 3, 2)], 2)
+    check("stack", [x, x], 1)
+    check("split_with_sizes", x, [1, 3], 2)
+    check("constant_pad_nd", x, [1, 2, 0, 1], 0.5)
+    check("constant_pad_nd", x, [-1, 1])
+    check("flip", x, [0, 2])
+    check("roll", x, [1], [2])
+    check("repeat", rnd(2, 3), [2, 1, 2])
+    check("tril", rnd(4, 4), 1)
+    check("slice_scatter", x, rnd(2, 3, 2), 2, 0, 4, 2)
+    check("select_scatter", x, rnd(2, 4), 1, 0)
+
+
+def test_indexing_ops():
+    x = rnd(5, 6)
+    idx = torch.tensor([4, 0, 2, 2])
+    check("index_select", x, 0, idx)
+    check("gather", x, 1, torch.randint(0, 6, (5, 3)))
+    check("scatter.src", x, 1, torch.randint(0, 6, (5, 3)), rnd(5, 3))
+    check("scatter_add", x, 0, torch.randint(0, 5, (3, 6)), rnd(3, 6))
+    check("scatter.value", x, 1, torch.randint(0, 6, (5, 2)), 9.0)
+    check("index.Tensor", x, [idx])
+    check("index_put", x, [idx], rnd(4, 6), True)
+    check("embedding", rnd(10, 3), torch.tensor([[1, 9], [0, 1]]))
+    check("embedding_dense_backward", rnd(2, 2, 3), torch.tensor([[1, 9], [0, 1]]), 10, -1, False)
+
+
+def test_softmax_family_and_losses():
+    x = rnd(4, 7)
+    check("_softmax", x, 1, False)
+    check("_log_softmax", x, -1, False)
+    y = torch.softmax(x, 1)
+    check("_softmax_backward_data", rnd(4, 7), y, 1, torch.float32)
+    check("_log_softmax_backward_data", rnd(4, 7), torch.log_softmax(x, 1), 1, torch.float32)
+    lp = torch.log_softmax(x, 1)
+    target = torch.tensor([0, 6, 3, 3])
+    for reduction in (0, 1, 2):
+        check("nll_loss_forward", lp, target, None, reduction, -100)
+        out, total = torch.ops.aten.nll_loss_forward(lp, target, None, reduction, 3)
+        check("nll_loss_backward", torch.ones_like(out), lp, target, None, reduction, 3, total)
+    check("nll_loss_forward", lp, target, pos(7), 1, -100)
+
+
+def test_normalization():
+    x = rnd(3, 5, 8)
+    w, b = rnd(8), rnd(8)
+    check("native_layer_norm", x, [8], w, b, 1e-5, atol=1e-5)
+    check("native_layer_norm", x, [5, 8], None, None, 1e-5, atol=1e-5)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [8], w, b, 1e-5)
+    check(
+        "native_layer_norm_backward",
+        rnd(3, 5, 8),
+        x,
+        [8],
+        mean,
+        rstd,
+        w,
+        b,
+        [True, True, True],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+    xb = rnd(4, 3, 5, 5)
+    rm, rv = rnd(3), pos(3)
+    check(
+        "_native_batch_norm_legit_functional",
+        xb,
+        pos(3),
+        rnd(3),
+        rm,
+        rv,
+        True,
+        0.1,
+        1e-5,
+        atol=1e-5,
+        rtol=1e-4,
+    )
+    check("_native_batch_norm_legit_no_training", xb, pos(3), rnd(3), rm, rv, 0.1, 1e-5, atol=1e-5)
+    wb = pos(3)
+    _, sm, sr, *_ = torch.ops.aten._native_batch_norm_legit_functional(
+        xb, wb, rnd(3), rm, rv, True, 0.1, 1e-5
+    )
+    check(
+        "native_batch_norm_backward",
+        rnd(4, 3, 5, 5),
+        xb,
+        wb,
+        rm,
+        rv,
+        sm,
+        sr,
+        True,
+        1e-5,
+        [True, True, True],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_pooling():
+    x = rnd(2, 3, 8, 8)
+    check("max_pool2d_with_indices", x, [2, 2], [2, 2])
+    check("max_pool2d_with_indices", x, [3, 3], [2, 2], [1, 1])
+    o, i = torch.ops.aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])
+    check(
+        "max_pool2d_with_indices_backward",
+        rnd(*o.shape),
+        x,
+        [3, 3],
+        [2, 2],
+        [1, 1],
+        [1, 1],
+        False,
+        i,
+    )
+    check("avg_pool2d", x, [2, 2], [2, 2])
+    check("avg_pool2d_backward", rnd(2, 3, 4, 4), x, [2, 2], [2, 2], [0, 0], False, True, None)
+    check("_adaptive_avg_pool2d", x, [1, 1])
+
+
+def test_constructors():
+    check("full", [2, 3], 1.5, dtype=torch.float32)
+    check("zeros", [4], dtype=torch.int64)
+    check("arange.start_step", 2, 11, 3, dtype=torch.int64)
+    check("arange.start_step", 0.0, 1.0, 0.25, dtype=torch.float32)
+    check("scalar_tensor", 3.5, dtype=torch.float64)
