@@ -140,4 +140,4 @@ def test_graph_fingerprint_of_a_million_node_chain():
     for _ in range(1_000_000):
         n = Generic("neg", (Value(n),), (F32,))
     raw = graph_fingerprint(n)
-    assert raw[:13] == b"t\x03\x00\x00\x00i" + (1_000_001).to_bytes(8, "little")
+    assert raw[:14] == b"t\x03\x00\x00\x00i" + (1_000_001).to_bytes(8, "little")
