@@ -1,4 +1,4 @@
-"""The skeleton installs with its declared sibling ranges satisfied."""
+"""The package installs with its declared sibling ranges satisfied."""
 
 from importlib.metadata import requires, version
 

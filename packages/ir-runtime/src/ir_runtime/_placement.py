@@ -63,6 +63,7 @@ class Program:
             flat = jax.sharding.Mesh(np.array(self.devices, dtype=object), ("devices",))
             self.replicated = NamedSharding(flat, PartitionSpec())
         self._converted = {}
+        self.meshes = {}  # jax mesh -> the ir_sharding Mesh it was built from
 
     def jax_sharding(self, spec):
         """The jax sharding for a ShardingSpec, or the replicated default for None."""
@@ -71,12 +72,26 @@ class Program:
         converted = self._converted.get(spec)
         if converted is None:
             converted = self._converted[spec] = spec.to_jax()
+            if isinstance(converted, NamedSharding):
+                self.meshes[converted.mesh] = spec.mesh
         return converted
 
 
 def spec_from_jax(sharding, ndim: int, program: Program):
     """The ShardingSpec of a placement jax reports, None when it is replicated over the
-    program's devices. Built from XLA's own tile assignment, so any sharding converts."""
+    program's devices.
+
+    A ``NamedSharding`` over one of the program's meshes converts to a spec over that same mesh,
+    so a result fed back into the next step has the device order of the arrays beside it.
+    Anything else is rebuilt from XLA's own tile assignment."""
+    if isinstance(sharding, NamedSharding) and sharding.mesh in program.meshes:
+        entries = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+        spec = ShardingSpec(program.meshes[sharding.mesh], entries)
+        if spec.kind is ShardingKind.REPLICATED and set(spec.mesh.device_ids) == set(
+            program.device_ids
+        ):
+            return None
+        return spec
     hlo = sharding._to_xla_hlo_sharding(ndim)
     assignment = list(sharding._device_assignment)
     if hlo.is_replicated():
