@@ -63,11 +63,12 @@ def lint(session):
 @nox.session
 def bench(session):
     """Benchmarks side by side with their peers; a table on stdout, JSON under .bench/."""
-    session.install(f"./{CORE}", f"./{SHARDING}[jax]", TORCH, "xxhash>=3.4")
+    session.install(f"./{CORE}", f"./{SHARDING}[jax]", f"./{RUNTIME}", TORCH, "xxhash>=3.4")
     session.run("python", f"{CORE}/bench/bench_core.py", "--json", ".bench/ir-core.json")
     session.run(
         "python", f"{SHARDING}/bench/bench_sharding.py", "--json", ".bench/ir-sharding.json"
     )
+    session.run("python", f"{RUNTIME}/bench/bench_runtime.py", "--json", ".bench/ir-runtime.json")
 
 
 @nox.session
