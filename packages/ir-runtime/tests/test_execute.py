@@ -113,3 +113,16 @@ def test_to_device_places_per_spec():
     assert d.sharding is spec and spec.kind is ShardingKind.TILED
     shards = {s.device.id: s.data.shape for s in d.handle.addressable_shards}
     assert shards == dict.fromkeys(range(8), (2, 2))
+
+
+def test_specs_with_one_placement_and_different_ranks_convert_separately():
+    # On an 8x1 mesh, (None, "model") splits nothing: it places a matrix exactly as the
+    # replicated spec places a vector. Each must still convert for its own rank.
+    mesh = Mesh(range(8), (8, 1), ("data", "model"))
+    matrix_spec, vector_spec = ShardingSpec(mesh, (None, "model")), ShardingSpec.replicated(mesh)
+    assert matrix_spec == vector_spec
+    m = leaf(np.ones((4, 3)), matrix_spec)
+    v = leaf(np.arange(3), vector_spec)
+    out = Value(Generic("aten::add.Tensor", [m, v], [m.shape], {"alpha": 1}))
+    (res,) = irt.execute([out])
+    np.testing.assert_array_equal(irt.to_host(res), np.ones((4, 3)) + np.arange(3))

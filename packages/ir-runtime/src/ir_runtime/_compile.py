@@ -18,6 +18,9 @@ from ir_runtime._errors import CompileError, ExecutionError, LoweringError, Runt
 from ir_runtime._lowering import rule_for
 from ir_runtime._placement import Program, spec_from_jax, specs_of
 
+_DEFAULT = ()  # device ids of a graph with no sharding: the default device
+# What else changes an executable. XLA reads its flags once, when the backend starts.
+_ENV = (jax.__version__, jaxlib.__version__, os.environ.get("XLA_FLAGS", ""))
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 
@@ -33,13 +36,31 @@ def _roots(roots) -> list:
 
 
 class _Graph:
-    """One graph prepared for lowering: its post-order, parameters and program devices."""
+    """One graph prepared for lowering: its post-order, parameters and program devices.
+
+    Finding a cached program needs only the device ids; the full ``Program`` (which checks every
+    sharding) is built on a miss, when the graph is compiled."""
 
     def __init__(self, roots):
         self.roots = _roots(roots)
         self.order = post_order(self.roots)
         self.params = [n for n in self.order if type(n) is DeviceData]
-        self.program = Program(self.order)
+        self._program = None
+        self.mesh = None
+        self.device_ids = _DEFAULT
+        for n in self.order:
+            if n.sharding is not None:
+                specs = specs_of(n.sharding)
+                if specs:
+                    self.mesh = specs[0].mesh
+                    self.device_ids = self.mesh.device_ids
+                    break
+
+    @property
+    def program(self) -> Program:
+        if self._program is None:
+            self._program = Program.of(self.order, self.mesh)
+        return self._program
 
     def in_shardings(self):
         return [self.program.jax_sharding(self._single(p)) for p in self.params]
@@ -164,10 +185,11 @@ class Executable:
         start = time.perf_counter()
         try:
             outs = self.compiled(*arrays)
-            if self.sync:
+            if self.sync and outs:
                 # XLA's CPU collectives deadlock when executions overlap (ANCHORS.md): never
-                # launch a collective program while the previous one still runs.
-                jax.block_until_ready(outs)
+                # launch a collective program while the previous one still runs. One
+                # execution's results become ready together, so waiting on one is enough.
+                outs[0].block_until_ready()
                 _metrics.count("CollectiveSync")
         except Exception as e:
             raise ExecutionError(
@@ -189,13 +211,7 @@ class CompileCache:
         self._lock = threading.Lock()
 
     def _key(self, roots, g: _Graph, donate: tuple):
-        env = (
-            jax.__version__,
-            jaxlib.__version__,
-            os.environ.get("XLA_FLAGS", ""),
-            jax.config.jax_enable_x64,
-        )
-        return (graph_hash(roots), donate, g.program.device_ids, env)
+        return (graph_hash(roots), donate, g.device_ids, _ENV, jax.config.jax_enable_x64)
 
     def get(self, roots, donate=()) -> tuple[Executable, _Graph]:
         start = time.perf_counter()
@@ -244,6 +260,7 @@ def _donate_indices(g: _Graph, donate) -> tuple:
 
 
 CACHE = CompileCache()
+_EQUIVALENT: dict = {}
 
 
 def _place(p: DeviceData, sharding):
@@ -254,9 +271,16 @@ def _place(p: DeviceData, sharding):
     if isinstance(h, jax.Array):
         if h.is_deleted():
             raise ExecutionError(f"parameter {p!r} holds a deleted (donated) buffer")
-        if h.sharding == sharding or h.sharding.is_equivalent_to(sharding, h.ndim):
+        current = h.sharding
+        if current == sharding:
             return h
-        _metrics.count("Reshard")
+        key = (current, sharding, h.ndim)
+        same = _EQUIVALENT.get(key)
+        if same is None:
+            same = _EQUIVALENT[key] = current.is_equivalent_to(sharding, h.ndim)
+        # An equivalent placement is relabeled without a copy; the exact sharding keeps jax on
+        # its fast call path.
+        _metrics.count("Relabel" if same else "Reshard")
         return jax.device_put(h, sharding)
     _metrics.count("TransferToDevice")
     expected = to_numpy_dtype(p.shape.dtype)

@@ -25,12 +25,39 @@ def specs_of(sharding) -> list:
     )
 
 
+_PROGRAMS: dict = {}  # first mesh -> Program, reused from step to step
+
+
 class Program:
     """The devices a graph runs on: the mesh of its shardings, or one device when it has none.
 
     An unsharded parameter or result is replicated over these devices (``sharding=None`` means
     exactly that, so a step whose results come back replicated hashes like the step before).
     """
+
+    @staticmethod
+    def of(nodes, mesh):
+        """The Program of a graph whose first mesh is ``mesh`` (None: no sharding), after
+        checking every sharding in it is over one device set."""
+        Program._check(nodes)
+        program = _PROGRAMS.get(mesh)
+        if program is None:
+            program = _PROGRAMS[mesh] = Program(nodes)
+        return program
+
+    @staticmethod
+    def _check(nodes):
+        ids = None
+        for n in nodes:
+            for spec in specs_of(n.sharding):
+                if ids is None:
+                    ids = set(spec.mesh.device_ids)
+                elif set(spec.mesh.device_ids) != ids:
+                    raise LoweringError(
+                        f"one graph uses two device sets: {sorted(ids)} and "
+                        f"{sorted(spec.mesh.device_ids)} (from {n!r}); every sharding in a "
+                        f"program must be over the same devices"
+                    )
 
     def __init__(self, nodes):
         mesh = None
@@ -57,23 +84,26 @@ class Program:
                 )
             self.device_ids = mesh.device_ids
         self.devices = [by_id[d] for d in self.device_ids]
-        if len(self.devices) == 1:
+        if mesh is not None:
+            # Over the mesh itself, so a replicated parameter's sharding equals the replicated
+            # results the program returns (jax's fast call path compares them).
+            self.replicated = ShardingSpec.replicated(mesh).to_jax()
+        elif len(self.devices) == 1:
             self.replicated = SingleDeviceSharding(self.devices[0])
         else:
             flat = jax.sharding.Mesh(np.array(self.devices, dtype=object), ("devices",))
             self.replicated = NamedSharding(flat, PartitionSpec())
-        self._converted = {}
         self.meshes = {}  # jax mesh -> the ir_sharding Mesh it was built from
 
     def jax_sharding(self, spec):
         """The jax sharding for a ShardingSpec, or the replicated default for None."""
         if spec is None:
             return self.replicated
-        converted = self._converted.get(spec)
-        if converted is None:
-            converted = self._converted[spec] = spec.to_jax()
-            if isinstance(converted, NamedSharding):
-                self.meshes[converted.mesh] = spec.mesh
+        # Not a dict keyed by spec: specs compare by placement, and two specs with one placement
+        # can be written for different ranks. Each spec caches its own conversion.
+        converted = spec.to_jax()
+        if isinstance(converted, NamedSharding):
+            self.meshes.setdefault(converted.mesh, spec.mesh)
         return converted
 
 

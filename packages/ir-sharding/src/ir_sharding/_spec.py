@@ -185,7 +185,7 @@ class ShardingSpec:
     '{devices=[4,1,2]<=[8] last_tile_dim_replicate}'
     """
 
-    __slots__ = ("_bytes", "_device", "_entries", "_hlo", "_kind", "_mesh", "_tile")
+    __slots__ = ("_bytes", "_device", "_entries", "_hlo", "_jax", "_kind", "_mesh", "_tile")
 
     def __init__(self, mesh: Mesh, partition_spec):
         _check_mesh(mesh)
@@ -228,6 +228,7 @@ class ShardingSpec:
         self._entries = entries
         self._device = device
         self._hlo = None
+        self._jax = None
         key = (mesh, entries, kind, device)
         placement = _PLACEMENTS.get(key)
         if placement is None:
@@ -355,9 +356,11 @@ class ShardingSpec:
     def to_jax(self):
         """The ``jax.sharding`` object for this placement (a ``NamedSharding``; a
         ``SingleDeviceSharding`` for a maximal spec). Imports jax."""
-        from ir_sharding._jax import to_jax
+        if self._jax is None:
+            from ir_sharding._jax import to_jax
 
-        return to_jax(self)
+            self._jax = to_jax(self)
+        return self._jax
 
     def visualize(self, global_shape) -> str:
         """A text picture of which device holds which block of a tensor of ``global_shape``."""
