@@ -25,6 +25,16 @@ from ir_runtime._errors import (  # noqa: E402
     RuntimeIRError,
     UnsupportedOpError,
 )
+from ir_runtime._frontend import (  # noqa: E402
+    LazyTensor,
+    clear_sharding,
+    dump,
+    mark_sharding,
+    mark_step,
+    to_lazy,
+    to_torch,
+    visualize_sharding,
+)
 from ir_runtime._lowering import RULES, register  # noqa: E402
 from ir_runtime._metrics import metrics, metrics_report, reset_metrics  # noqa: E402
 from ir_sharding import Mesh  # noqa: E402
@@ -46,15 +56,20 @@ __all__ = [
     "DeviceCountError",
     "Executable",
     "ExecutionError",
+    "LazyTensor",
     "LoweringError",
     "Mesh",
     "RuntimeIRError",
     "UnsupportedOpError",
+    "clear_sharding",
     "compile",
     "devices",
+    "dump",
     "execute",
     "init",
     "lower",
+    "mark_sharding",
+    "mark_step",
     "metrics",
     "metrics_report",
     "register_lowering",
@@ -62,4 +77,7 @@ __all__ = [
     "supported_ops",
     "to_device",
     "to_host",
+    "to_lazy",
+    "to_torch",
+    "visualize_sharding",
 ]

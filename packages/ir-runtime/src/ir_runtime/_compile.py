@@ -105,10 +105,29 @@ class _Graph:
         return run
 
 
+class _Lifted:
+    """A node seen by its rule with lifted scalars back in its attributes, as traced values."""
+
+    __slots__ = ("attrs", "op", "shapes")
+
+    def __init__(self, node, attrs):
+        self.op = node.op
+        self.shapes = node.shapes
+        self.attrs = attrs
+
+
 def _lower_node(n, operands, program):
     rule = rule_for(n.op)
+    lifted = n.attrs.get("__lifted__")
+    view = n
+    if lifted:
+        k = len(lifted)
+        attrs = {a: v for a, v in n.attrs.items() if a != "__lifted__"}
+        attrs.update(zip(lifted, operands[-k:], strict=True))
+        operands = operands[:-k]
+        view = _Lifted(n, attrs)
     try:
-        out = rule(n, *operands)
+        out = rule(view, *operands)
     except RuntimeIRError:
         raise
     except Exception as e:

@@ -19,6 +19,11 @@ def _cast(x, dtype):
     return x if x.dtype == dtype else x.astype(dtype)
 
 
+def _is_one(v) -> bool:
+    """Whether an attribute is the constant 1 (a lifted scalar is a traced value: never)."""
+    return isinstance(v, (int, float)) and v == 1
+
+
 def _compute_dtype(node):
     """Arithmetic on integers or bools whose output is float happens in the output dtype."""
     return out_dtype(node)
@@ -48,14 +53,14 @@ def _binary(fn, with_alpha):
     def tensor_tensor(node, x, y):
         dt = out_dtype(node)
         y = _cast(y, dt)
-        if with_alpha and node.attrs.get("alpha", 1) != 1:
+        if with_alpha and not _is_one(node.attrs.get("alpha", 1)):
             y = y * scalar(node.attrs["alpha"], dt)
         return fn(_cast(x, dt), y)
 
     def tensor_scalar(node, x):
         dt = out_dtype(node)
         y = scalar(node.attrs["other"], dt)
-        if with_alpha and node.attrs.get("alpha", 1) != 1:
+        if with_alpha and not _is_one(node.attrs.get("alpha", 1)):
             y = y * scalar(node.attrs["alpha"], dt)
         return fn(_cast(x, dt), y)
 
@@ -250,8 +255,9 @@ def _clamp_tensor(node, x, *bounds):
 @register("aten::nan_to_num.default", "aten::nan_to_num")
 def _nan_to_num(node, x):
     a = node.attrs
+    nan = a.get("nan")
     return jnp.nan_to_num(
-        x, nan=a.get("nan") or 0.0, posinf=a.get("posinf"), neginf=a.get("neginf")
+        x, nan=0.0 if nan is None else nan, posinf=a.get("posinf"), neginf=a.get("neginf")
     )
 
 

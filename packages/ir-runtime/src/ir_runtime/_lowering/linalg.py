@@ -27,11 +27,17 @@ def _addmm(node, bias, x, y):
     dt = out_dtype(node)
     beta, alpha = node.attrs.get("beta", 1), node.attrs.get("alpha", 1)
     prod = jnp.matmul(x, y, precision=_PRECISION)
-    if alpha != 1:
+    if not _constant(alpha, 1):
         prod = prod * scalar(alpha, dt)
-    if beta == 0:
-        return prod.astype(dt)
-    return (bias * scalar(beta, dt) + prod).astype(dt) if beta != 1 else (bias + prod).astype(dt)
+    if _constant(beta, 0):
+        return prod.astype(dt)  # torch ignores the bias then, NaNs included
+    if not _constant(beta, 1):
+        bias = bias * scalar(beta, dt)
+    return (bias + prod).astype(dt)
+
+
+def _constant(v, c) -> bool:
+    return isinstance(v, (int, float)) and v == c
 
 
 @register("aten::baddbmm.default")

@@ -1,0 +1,4 @@
+import ir_runtime
+
+# Eight virtual CPU devices for every integration test.
+ir_runtime.init(cpu_devices=8)

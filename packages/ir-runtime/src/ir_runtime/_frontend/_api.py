@@ -1,0 +1,133 @@
+"""What users type: to_lazy, mark_sharding, clear_sharding, dump, visualize_sharding."""
+
+from __future__ import annotations
+
+import torch
+
+from ir_core import DeviceData, Value, dump_dot, dump_text, relink
+from ir_runtime._compile import lower
+from ir_runtime._data import to_device
+from ir_runtime._frontend._tensor import LIVE, LazyTensor, as_value
+from ir_sharding import Mesh, ShardingError, ShardingSpec, with_sharding
+from ir_sharding import clear_sharding as _clear
+
+
+def _lazy_tensor(t: torch.Tensor) -> LazyTensor:
+    if isinstance(t, LazyTensor):
+        return t
+    data = t.detach()
+    value = Value(
+        to_device(data.cpu().numpy() if data.dtype != torch.bfloat16 else data.float().numpy())
+    )
+    if data.dtype == torch.bfloat16:
+        from ir_runtime._frontend._tensor import record
+
+        out = record(
+            torch.ops.aten._to_copy.default, (LazyTensor(value),), {"dtype": torch.bfloat16}
+        )
+        value = out._ir
+    return LazyTensor(value, requires_grad=t.requires_grad)
+
+
+def to_lazy(x):
+    """Move a tensor, or a module's parameters and buffers, to the lazy device.
+
+    A tensor gives a new lazy tensor (``requires_grad`` kept); a module is changed in place
+    (its parameters become lazy ``Parameter``s) and returned.
+    """
+    if isinstance(x, torch.nn.Module):
+        for module in x.modules():
+            for name, p in list(module._parameters.items()):
+                if p is not None and not isinstance(p, LazyTensor):
+                    module._parameters[name] = torch.nn.Parameter(
+                        _lazy_tensor(p.data), requires_grad=p.requires_grad
+                    )
+            for name, b in list(module._buffers.items()):
+                if b is not None and not isinstance(b, LazyTensor):
+                    module._buffers[name] = _lazy_tensor(b)
+        return x
+    if isinstance(x, torch.Tensor):
+        return _lazy_tensor(x)
+    raise TypeError(f"to_lazy takes a torch.Tensor or nn.Module, got {type(x).__name__}")
+
+
+def _check_lazy(t, what):
+    if not isinstance(t, LazyTensor):
+        raise ShardingError(
+            f"{what} takes a lazy tensor (ir_runtime.to_lazy(t)), got "
+            f"{type(t).__name__} on {getattr(t, 'device', '?')}"
+        )
+
+
+def _annotate(t: LazyTensor, spec) -> None:
+    """Rebind ``t`` to its value carrying ``spec`` (None: none); relink every live tensor that
+    reads the old node. All of it is computed before anything is assigned."""
+    v = t._ir
+    node = v.node
+    if type(node) is DeviceData:
+        if spec is None:
+            new = node.clone(sharding=None)
+        else:
+            handle = node.handle
+            placed = handle
+            if handle is not None:
+                import jax
+
+                placed = jax.device_put(handle, spec.to_jax())
+            new = DeviceData(node.shape, handle=placed, sharding=spec)
+        t._ir = Value(new, v.index)
+        t._placed = spec
+        return
+    clone = (with_sharding(v, spec) if spec is not None else _clear(v)).node
+    readers = [x for x in list(LIVE.values()) if x is not t]
+    roots = [x._ir for x in readers]
+    relinked = relink(roots, {node: clone}) if roots else []
+    for x, r in zip(readers, relinked, strict=True):
+        x._ir = r
+    t._ir = Value(clone, v.index)
+
+
+def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
+    """Shard ``t`` over ``mesh`` as ``partition_spec`` says (one entry per dim).
+
+    A tensor holding data is placed so; a tensor with pending work gets its node cloned with
+    the sharding, and every consumer already recorded is relinked to the clone. Each step's
+    result for ``t`` stays there. Errors leave ``t`` as it was.
+    """
+    _check_lazy(t, "mark_sharding")
+    spec = ShardingSpec(mesh, partition_spec)
+    spec.check_rank(t.dim(), f"the tensor {tuple(t.shape)}")
+    _annotate(t, spec)
+    t._spec = spec
+    return t
+
+
+def clear_sharding(t) -> LazyTensor:
+    """Undo ``mark_sharding``: no annotation on ``t``'s value."""
+    _check_lazy(t, "clear_sharding")
+    _annotate(t, None)
+    t._spec = None
+    return t
+
+
+def dump(tensors, format: str = "text") -> str:
+    """The pending graph of ``tensors``: ``"text"``, ``"dot"`` or ``"stablehlo"``."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    roots = [as_value(t) for t in tensors]
+    if format == "text":
+        return dump_text(roots)
+    if format == "dot":
+        return dump_dot(roots)
+    if format == "stablehlo":
+        return lower(roots)
+    raise ValueError(f"format must be 'text', 'dot' or 'stablehlo', got {format!r}")
+
+
+def visualize_sharding(t) -> str:
+    """A text picture of where ``t``'s data lives (or will, per its annotation)."""
+    _check_lazy(t, "visualize_sharding")
+    spec = t._spec or t._placed
+    if spec is None:
+        return f"{tuple(t.shape)}: not sharded (on one device, or replicated)"
+    return spec.visualize(tuple(t.shape))

@@ -1,0 +1,255 @@
+"""Recording ATen calls as ir-core nodes: argument plans per op, memoized shape inference,
+scalars lifted to inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ir_core import DeviceData, Generic, Shape, Value
+from ir_runtime._errors import DTypeError
+
+TORCH_TO_IR = {
+    torch.bool: "bool",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.uint16: "uint16",
+    torch.uint32: "uint32",
+    torch.uint64: "uint64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.complex64: "complex64",
+    torch.complex128: "complex128",
+}
+IR_TO_TORCH = {v: k for k, v in TORCH_TO_IR.items()}
+
+
+def ir_dtype(dtype: torch.dtype) -> str:
+    try:
+        return TORCH_TO_IR[dtype]
+    except KeyError:
+        raise DTypeError(
+            f"torch dtype {dtype} has no XLA equivalent here; use one of "
+            f"{', '.join(str(d) for d in TORCH_TO_IR)}"
+        ) from None
+
+
+# Argument kinds in an op's plan.
+TENSOR, TENSOR_LIST, OPT_TENSOR, SCALAR, OTHER = range(5)
+
+# Scalars XLA programs keep as constants (as torch_xla does); any other float in a Scalar
+# argument becomes a 0-d input, so a learning rate or a bias correction that changes every step
+# does not change the program.
+_SPECIAL = frozenset((0.0, 1.0, -1.0, 2.0, 0.5))
+# Ops whose Scalar arguments decide shapes or are read by Python in their rule: never lifted.
+_KEEP_SCALARS = frozenset(("aten::arange", "aten::linspace", "aten::logspace", "aten::pow"))
+
+
+class Plan:
+    """How one ATen overload's arguments map to operands and attributes."""
+
+    __slots__ = ("args", "lift", "name", "op", "positional")
+
+    def __init__(self, func):
+        schema = func._schema
+        self.name = schema.name
+        overload = schema.overload_name or "default"
+        self.op = f"{schema.name}.{overload}"
+        self.args = []
+        for a in schema.arguments:
+            t = a.type
+            if isinstance(t, torch.TensorType):
+                kind = TENSOR
+            elif isinstance(t, torch.OptionalType) and isinstance(
+                t.getElementType(), torch.TensorType
+            ):
+                kind = OPT_TENSOR
+            elif isinstance(t, torch.ListType) and isinstance(
+                t.getElementType(), (torch.TensorType, torch.OptionalType)
+            ):
+                kind = TENSOR_LIST
+            elif isinstance(t, torch.NumberType) or (
+                isinstance(t, torch.OptionalType)
+                and isinstance(t.getElementType(), torch.NumberType)
+            ):
+                kind = SCALAR
+            else:
+                kind = OTHER
+            self.args.append((a.name, kind, a.default_value if a.has_default_value() else _MISSING))
+        self.positional = len(self.args)
+        self.lift = schema.name not in _KEEP_SCALARS
+
+    def bind(self, args, kwargs):
+        """(name, kind, value) for each argument given or defaulted."""
+        out = []
+        n = len(args)
+        for k, (name, kind, default) in enumerate(self.args):
+            if k < n:
+                value = args[k]
+            elif name in kwargs:
+                value = kwargs[name]
+            elif default is not _MISSING:
+                value = default
+            else:
+                continue
+            out.append((name, kind, value))
+        return out
+
+
+_MISSING = object()
+_PLANS: dict = {}
+
+
+def plan_of(func) -> Plan:
+    plan = _PLANS.get(func)
+    if plan is None:
+        plan = _PLANS[func] = Plan(func)
+    return plan
+
+
+def attr_value(value):
+    """An argument as an ir-core attribute: dtypes by name, sequences as tuples; devices, layouts
+    and memory formats dropped (None): placement is the runtime's business."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return ir_dtype(value)
+    if isinstance(value, (list, tuple, torch.Size)):
+        return tuple(attr_value(v) for v in value)
+    if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
+        return None
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        raise TypeError(f"symbolic value {value!r}: dynamic shapes are not supported")
+    raise TypeError(f"argument {value!r} ({type(value).__name__}) has no attribute encoding")
+
+
+def shape_of(t: torch.Tensor) -> Shape:
+    return Shape(ir_dtype(t.dtype), tuple(t.shape))
+
+
+def _number_dtype(value, float_dtype):
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64"
+    return float_dtype or "float32"
+
+
+def scalar_leaf(value, dtype: str) -> Value:
+    """A lifted scalar: a 0-d parameter holding the value."""
+    import ml_dtypes
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    return Value(DeviceData(Shape(dtype, ()), handle=np.asarray(value, dtype=np_dtype)))
+
+
+_META: dict = {}
+
+
+def _meta_arg(v):
+    if isinstance(v, torch.Tensor):
+        return torch.empty(v.shape, dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_meta_arg(x) for x in v)
+    return v
+
+
+def infer(func, key, args, kwargs):
+    """Output (structure, shapes) of ``func`` for inputs like ``args``, from torch's meta
+    kernels; memoized by ``key`` (op, input shapes and dtypes, attributes)."""
+    hit = _META.get(key)
+    if hit is not None:
+        return hit
+    out = func(*_meta_arg(list(args)), **{k: _meta_arg(v) for k, v in kwargs.items()})
+    if isinstance(out, torch.Tensor):
+        result = ("one", (shape_of(out),))
+    elif isinstance(out, (tuple, list)):
+        layout = tuple(isinstance(o, torch.Tensor) for o in out)
+        result = ("many", tuple(shape_of(o) for o in out if isinstance(o, torch.Tensor)), layout)
+    elif out is None:
+        result = ("none", ())
+    else:
+        raise TypeError(f"{func} returned {type(out).__name__}; expected tensors")
+    _META[key] = result
+    return result
+
+
+def build_node(plan: Plan, bound, as_value, shapes):
+    """The Generic node: tensor arguments as operands (via ``as_value``), the rest as attrs."""
+    operands, attrs, lifted, lifted_values = [], {}, [], []
+    float_dtype = None
+    for _, kind, value in bound:
+        if kind == TENSOR and isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+            float_dtype = ir_dtype(value.dtype)
+            break
+    for name, kind, value in bound:
+        if kind == TENSOR:
+            if isinstance(value, torch.Tensor):
+                operands.append(as_value(value))
+            else:  # a Python number where the schema has a Tensor: a 0-d input
+                operands.append(scalar_leaf(value, _number_dtype(value, float_dtype)))
+        elif kind == OPT_TENSOR:
+            if value is None:
+                attrs[name] = None
+            else:
+                operands.append(as_value(value))
+        elif kind == TENSOR_LIST:
+            present = []
+            for v in value:
+                if v is None:
+                    present.append(False)
+                else:
+                    present.append(True)
+                    operands.append(as_value(v))
+            if not all(present):
+                attrs["indexed"] = tuple(present)
+        elif (
+            kind == SCALAR
+            and plan.lift
+            and float_dtype is not None
+            and type(value) is float
+            and value not in _SPECIAL
+        ):
+            lifted.append(name)
+            lifted_values.append(scalar_leaf(value, float_dtype))
+        else:
+            attrs[name] = attr_value(value)
+    if lifted:
+        attrs["__lifted__"] = tuple(lifted)
+        operands.extend(lifted_values)
+    return Generic(plan.op, operands, shapes, attrs)
+
+
+def shape_key(plan: Plan, bound):
+    """The memo key for shape inference: tensors by shape and dtype, lifted floats by kind."""
+    parts = [plan.op]
+    for name, kind, value in bound:
+        if kind in (TENSOR, OPT_TENSOR):
+            if isinstance(value, torch.Tensor):
+                parts.append((tuple(value.shape), value.dtype))
+            else:
+                parts.append(None if value is None else type(value))
+        elif kind == TENSOR_LIST:
+            parts.append(tuple(None if v is None else (tuple(v.shape), v.dtype) for v in value))
+        elif kind == SCALAR and plan.lift and type(value) is float and value not in _SPECIAL:
+            parts.append((name, float))  # lifted: its value is not part of the program
+        else:
+            parts.append((name, _hashable(value)))
+    return tuple(parts)
+
+
+def _hashable(v):
+    if isinstance(v, (list, tuple, torch.Size)):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), v.dtype)
+    return v
+
+
+def shape_of_lazy(t) -> Shape:
+    return Shape(ir_dtype(t.dtype), tuple(t.shape))

@@ -1,0 +1,118 @@
+"""mark_step and materialization: turn pending lazy values into data."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+
+from ir_core import DeviceData, Value, post_order, relink
+from ir_runtime import _metrics
+from ir_runtime._compile import execute
+from ir_runtime._frontend import _rng
+from ir_runtime._frontend._record import IR_TO_TORCH
+from ir_runtime._frontend._tensor import LIVE, LazyTensor
+from ir_sharding import ShardingSpec, TupleSharding, with_sharding
+
+
+def _pending(t: LazyTensor) -> bool:
+    return type(t._ir.node) is not DeviceData
+
+
+def _target(t: LazyTensor, mesh):
+    """Where a result should land: the annotation, else where the tensor's data was (a tensor
+    that held unsharded data stays replicated over the mesh); None: wherever XLA puts it."""
+    if t._spec is not None:
+        return t._spec
+    if t._placed is not None:
+        return t._placed
+    if t._held and mesh is not None:
+        return ShardingSpec.replicated(mesh)
+    return None
+
+
+def _mesh_of(tensors):
+    for t in tensors:
+        for spec in (t._spec, t._placed):
+            if spec is not None:
+                return spec.mesh
+    for n in post_order([t._ir for t in tensors]):
+        s = n.sharding
+        if isinstance(s, TupleSharding):
+            s = next((x for x in s.specs if x is not None), None)
+        if s is not None:
+            return s.mesh
+    return None
+
+
+def _pin(tensors):
+    """Roots for ``tensors``, each result pinned to its tensor's placement so the next step's
+    graph is the same program; pinned nodes are relinked into the graph."""
+    roots, seen = [], {}
+    wanted: dict = {}  # node -> {output index: spec}
+    mesh = _mesh_of(tensors)
+    for t in tensors:
+        v = t._ir
+        key = (id(v.node), v.index)
+        if key not in seen:
+            seen[key] = len(roots)
+            roots.append(v)
+        spec = _target(t, mesh)
+        if spec is not None:
+            current = v.node.sharding
+            if isinstance(current, TupleSharding):
+                current = current.specs[v.index]
+            if current is None:
+                wanted.setdefault(v.node, {})[v.index] = spec
+    if wanted:
+        replacements = {}
+        for node, specs in wanted.items():
+            clone = node
+            for index, spec in specs.items():
+                clone = with_sharding(Value(clone, index), spec).node
+            replacements[node] = clone
+        roots = relink(roots, replacements)
+    return roots, seen
+
+
+def _run(tensors) -> None:
+    roots, position = _pin(tensors)
+    results = execute(roots)
+    for t in tensors:
+        data = results[position[(id(t._ir.node), t._ir.index)]]
+        t._ir = Value(data)
+        t._placed = data.sharding
+        t._held = True
+
+
+def mark_step() -> None:
+    """Run everything the live lazy tensors are waiting for, as one program, and bind each
+    tensor to its result. Tensors no longer alive are not computed."""
+    tensors = [t for t in list(LIVE.values()) if _pending(t)]
+    _rng.next_step()
+    if tensors:
+        with _metrics.timed("MarkStepTime"):
+            _run(tensors)
+
+
+def materialize(t: LazyTensor) -> DeviceData:
+    """``t``'s data, running its pending graph (only its own) if it has one."""
+    if _pending(t):
+        _run([t])
+    return t._ir.node
+
+
+def to_torch(t) -> torch.Tensor:
+    """An ordinary CPU torch tensor with ``t``'s value."""
+    if not isinstance(t, LazyTensor):
+        return t
+    data = materialize(t)
+    _metrics.count("TransferToHost")
+    host = np.asarray(jax.device_get(data.handle))
+    dtype = IR_TO_TORCH[data.shape.dtype]
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(np.array(host)).to(dtype)
+
+
+__all__ = ["ShardingSpec", "mark_step", "materialize", "to_torch"]
