@@ -232,6 +232,8 @@ def _native_batch_norm_legit(func, args, kwargs):
     """The training form mutates running stats in place: record the functional form and
     rebind the stats to its results."""
     x, weight, bias, running_mean, running_var, training, momentum, eps = args[:8]
+    if running_mean is None or not training:
+        return record(func, args, kwargs)
     out = record(
         aten._native_batch_norm_legit_functional.default,
         (x, weight, bias, running_mean, running_var, training, momentum, eps),
@@ -278,6 +280,8 @@ SPECIAL = {
     aten.clone.default: _same_value,
     aten.contiguous.default: _same_value,
     aten._native_batch_norm_legit.default: _native_batch_norm_legit,
+    # Mutates its running stats without saying so in its schema.
+    aten.native_batch_norm.default: _native_batch_norm_legit,
     aten.native_dropout.default: _native_dropout,
     aten.uniform_.default: _random_,
     aten.normal_.default: _random_,
