@@ -38,13 +38,13 @@ def sharding(session):
 
 @nox.session
 def runtime(session):
-    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]")
+    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH)
     _pytest(session, RUNTIME)
 
 
 @nox.session
 def integration(session):
-    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}", "packaging", *TEST_DEPS)
+    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}", TORCH, "packaging", *TEST_DEPS)
     session.run("pytest", "integration_tests", *session.posargs)
 
 
@@ -73,6 +73,6 @@ def bench(session):
 
 @nox.session
 def demo(session):
-    """The main job (see README.md)."""
-    session.install(f"./{CORE}", f"./{SHARDING}")
+    """The main job (see README.md): train a digits classifier SPMD over 8 CPU devices."""
+    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}", TORCH, "scikit-learn>=1.4")
     session.run("python", "demo.py")

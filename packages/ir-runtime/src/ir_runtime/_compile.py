@@ -280,6 +280,7 @@ def _donate_indices(g: _Graph, donate) -> tuple:
 
 CACHE = CompileCache()
 _EQUIVALENT: dict = {}
+_SCALARS: dict = {}
 
 
 def _place(p: DeviceData, sharding):
@@ -301,9 +302,21 @@ def _place(p: DeviceData, sharding):
         # its fast call path.
         _metrics.count("Relabel" if same else "Reshard")
         return jax.device_put(h, sharding)
-    _metrics.count("TransferToDevice")
     expected = to_numpy_dtype(p.shape.dtype)
-    return jax.device_put(np.asarray(h, dtype=expected), sharding)
+    host = np.asarray(h, dtype=expected)
+    if host.ndim == 0:
+        # Scalars (lifted learning rates, bias corrections) repeat from step to step: place
+        # each value once.
+        key = (host.dtype, host.tobytes(), sharding)
+        placed = _SCALARS.get(key)
+        if placed is None:
+            if len(_SCALARS) > 4096:
+                _SCALARS.clear()
+            _metrics.count("TransferToDevice")
+            placed = _SCALARS[key] = jax.device_put(host, sharding)
+        return placed
+    _metrics.count("TransferToDevice")
+    return jax.device_put(host, sharding)
 
 
 def compile(roots, donate=()) -> Executable:
