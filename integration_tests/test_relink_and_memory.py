@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import ir_runtime as irt
-from ir_runtime._frontend._tensor import LIVE
+from ir_runtime._frontend._tensor import live
 
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
 
@@ -72,7 +72,7 @@ def test_500_steps_do_not_grow_memory():
         irt.mark_step()
         if step in (99, 499):
             gc.collect()
-            marks[step] = (_rss_mb(), len(LIVE))
+            marks[step] = (_rss_mb(), len(live()))
     grown = marks[499][0] - marks[99][0]
     assert grown < 40, f"RSS grew {grown:.1f} MB from step 100 to 500"
     assert marks[499][1] <= marks[99][1] + 5, marks  # no lazy tensors pile up

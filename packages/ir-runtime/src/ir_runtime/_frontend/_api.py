@@ -7,7 +7,7 @@ import torch
 from ir_core import DeviceData, Value, dump_dot, dump_text, relink
 from ir_runtime._compile import lower
 from ir_runtime._data import to_device
-from ir_runtime._frontend._tensor import LIVE, LazyTensor, as_value
+from ir_runtime._frontend._tensor import LazyTensor, as_value, live
 from ir_sharding import Mesh, ShardingError, ShardingSpec, with_sharding
 from ir_sharding import clear_sharding as _clear
 
@@ -79,7 +79,7 @@ def _annotate(t: LazyTensor, spec) -> None:
         t._placed = spec
         return
     clone = (with_sharding(v, spec) if spec is not None else _clear(v)).node
-    readers = [x for x in list(LIVE.values()) if x is not t]
+    readers = [x for x in live() if x is not t]
     roots = [x._ir for x in readers]
     relinked = relink(roots, {node: clone}) if roots else []
     for x, r in zip(readers, relinked, strict=True):

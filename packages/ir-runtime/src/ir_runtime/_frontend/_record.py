@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ir_core import DeviceData, Generic, Shape, Value
+from ir_core import DeviceData, Shape, Value
 from ir_runtime._errors import DTypeError
 
 TORCH_TO_IR = {
@@ -140,12 +140,22 @@ def _number_dtype(value, float_dtype):
     return float_dtype or "float32"
 
 
-def scalar_leaf(value, dtype: str) -> Value:
-    """A lifted scalar: a 0-d parameter holding the value."""
-    import ml_dtypes
+_LEAVES: dict = {}
 
-    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-    return Value(DeviceData(Shape(dtype, ()), handle=np.asarray(value, dtype=np_dtype)))
+
+def scalar_leaf(value, dtype: str) -> Value:
+    """A lifted scalar: a 0-d parameter holding the value, one per (value, dtype)."""
+    key = (type(value), value, dtype)
+    leaf = _LEAVES.get(key)
+    if leaf is None:
+        import ml_dtypes
+
+        np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+        if len(_LEAVES) > 4096:
+            _LEAVES.clear()
+        handle = np.asarray(value, dtype=np_dtype)
+        leaf = _LEAVES[key] = Value(DeviceData(Shape(dtype, ()), handle=handle))
+    return leaf
 
 
 _META: dict = {}
@@ -179,68 +189,77 @@ def infer(func, key, args, kwargs):
     return result
 
 
-def build_node(plan: Plan, bound, as_value, shapes):
-    """The Generic node: tensor arguments as operands (via ``as_value``), the rest as attrs."""
-    operands, attrs, lifted, lifted_values = [], {}, [], []
-    float_dtype = None
-    for _, kind, value in bound:
-        if kind == TENSOR and isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
-            float_dtype = ir_dtype(value.dtype)
-            break
-    for name, kind, value in bound:
+def _float_dtype(args):
+    """The dtype of the op's first floating tensor argument: lifted scalars take it."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+            return ir_dtype(a.dtype)
+    return None
+
+
+def prepare(plan: Plan, args, kwargs, as_value):
+    """One pass over an op's arguments: the shape-inference memo key (tensors by Shape, lifted
+    floats by kind only), the operands, and the attributes."""
+    key = [plan.op]
+    operands, attrs, lifted, lifted_values = [], {}, None, None
+    n = len(args)
+    for k, (name, kind, default) in enumerate(plan.args):
+        if k < n:
+            value = args[k]
+        elif name in kwargs:
+            value = kwargs[name]
+        elif default is not _MISSING:
+            value = default
+        else:
+            continue
         if kind == TENSOR:
             if isinstance(value, torch.Tensor):
-                operands.append(as_value(value))
+                v = as_value(value)
             else:  # a Python number where the schema has a Tensor: a 0-d input
-                operands.append(scalar_leaf(value, _number_dtype(value, float_dtype)))
+                v = scalar_leaf(value, _number_dtype(value, _float_dtype(args)))
+            operands.append(v)
+            key.append(v.shape)
+        elif kind == OTHER:
+            a = attr_value(value)
+            attrs[name] = a
+            key.append((name, a))
+        elif kind == SCALAR:
+            if plan.lift and type(value) is float and value not in _SPECIAL:
+                dtype = _float_dtype(args)
+                if dtype is not None:
+                    if lifted is None:
+                        lifted, lifted_values = [], []
+                    lifted.append(name)
+                    lifted_values.append(scalar_leaf(value, dtype))
+                    key.append(name)  # lifted: its value is not part of the program
+                    continue
+            a = attr_value(value)
+            attrs[name] = a
+            key.append((name, a))
         elif kind == OPT_TENSOR:
             if value is None:
                 attrs[name] = None
+                key.append(None)
             else:
-                operands.append(as_value(value))
-        elif kind == TENSOR_LIST:
+                v = as_value(value)
+                operands.append(v)
+                key.append(v.shape)
+        else:  # TENSOR_LIST
             present = []
-            for v in value:
-                if v is None:
-                    present.append(False)
+            for t in value:
+                if t is None:
+                    present.append(None)
                 else:
-                    present.append(True)
-                    operands.append(as_value(v))
-            if not all(present):
-                attrs["indexed"] = tuple(present)
-        elif (
-            kind == SCALAR
-            and plan.lift
-            and float_dtype is not None
-            and type(value) is float
-            and value not in _SPECIAL
-        ):
-            lifted.append(name)
-            lifted_values.append(scalar_leaf(value, float_dtype))
-        else:
-            attrs[name] = attr_value(value)
-    if lifted:
+                    v = as_value(t)
+                    operands.append(v)
+                    present.append(v.shape)
+            if None in present:
+                attrs["indexed"] = tuple(p is not None for p in present)
+            key.append(tuple(present))
+    if lifted is not None:
         attrs["__lifted__"] = tuple(lifted)
         operands.extend(lifted_values)
-    return Generic(plan.op, operands, shapes, attrs)
-
-
-def shape_key(plan: Plan, bound):
-    """The memo key for shape inference: tensors by shape and dtype, lifted floats by kind."""
-    parts = [plan.op]
-    for name, kind, value in bound:
-        if kind in (TENSOR, OPT_TENSOR):
-            if isinstance(value, torch.Tensor):
-                parts.append((tuple(value.shape), value.dtype))
-            else:
-                parts.append(None if value is None else type(value))
-        elif kind == TENSOR_LIST:
-            parts.append(tuple(None if v is None else (tuple(v.shape), v.dtype) for v in value))
-        elif kind == SCALAR and plan.lift and type(value) is float and value not in _SPECIAL:
-            parts.append((name, float))  # lifted: its value is not part of the program
-        else:
-            parts.append((name, _hashable(value)))
-    return tuple(parts)
+    return tuple(key), operands, attrs
 
 
 def _hashable(v):

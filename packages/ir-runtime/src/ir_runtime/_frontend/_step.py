@@ -11,7 +11,7 @@ from ir_runtime import _metrics
 from ir_runtime._compile import execute
 from ir_runtime._frontend import _rng
 from ir_runtime._frontend._record import IR_TO_TORCH
-from ir_runtime._frontend._tensor import LIVE, LazyTensor
+from ir_runtime._frontend._tensor import LazyTensor, live
 from ir_sharding import ShardingSpec, TupleSharding, with_sharding
 
 
@@ -88,7 +88,7 @@ def _run(tensors) -> None:
 def mark_step() -> None:
     """Run everything the live lazy tensors are waiting for, as one program, and bind each
     tensor to its result. Tensors no longer alive are not computed."""
-    tensors = [t for t in list(LIVE.values()) if _pending(t)]
+    tensors = [t for t in live() if _pending(t)]
     _rng.next_step()
     if tensors:
         with _metrics.timed("MarkStepTime"):

@@ -8,26 +8,38 @@ node is ever mutated. Autograd runs above dispatch, so backward ops are recorded
 
 from __future__ import annotations
 
-import itertools
 import weakref
 
 import numpy as np
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
 
-from ir_core import DeviceData, Value
+from ir_core import DeviceData, Generic, Value
 from ir_runtime._errors import UnsupportedOpError
 from ir_runtime._frontend import _record
-from ir_runtime._frontend._record import IR_TO_TORCH, Plan, build_node, infer, plan_of, shape_key
+from ir_runtime._frontend._record import _META, IR_TO_TORCH, Plan, infer, plan_of, prepare
 from ir_runtime._lowering import RULES
 
 DEVICE = torch.device("lazy", 0)
 aten = torch.ops.aten
 
-# Every lazy tensor alive, by creation number, so mark_step finds the ones with pending work
-# in the same order every step (a program's outputs are in that order).
-LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_count = itertools.count()
+# Every lazy tensor, in creation order (weak references), so mark_step finds the live ones with
+# pending work in the same order every step: a program's outputs are in that order.
+_LIVE: list = []
+_compact_at = [100_000]  # drop dead references when the list grows past this
+
+
+def live() -> list:
+    """The lazy tensors still alive, oldest first; drops the dead references."""
+    alive, refs = [], []
+    for r in _LIVE:
+        t = r()
+        if t is not None:
+            alive.append(t)
+            refs.append(r)
+    _LIVE[:] = refs
+    return alive
+
 
 # torch's core ATen decompositions first, then its wider table (mse_loss and friends).
 _DECOMPOSITIONS = {**decomposition_table, **core_aten_decompositions()}
@@ -51,7 +63,9 @@ class LazyTensor(torch.Tensor):
         t._spec = None
         t._held = type(value.node) is DeviceData
         t._placed = value.node.sharding if t._held else None
-        LIVE[next(_count)] = t
+        _LIVE.append(weakref.ref(t))
+        if len(_LIVE) > _compact_at[0]:
+            _compact_at[0] = max(100_000, 2 * len(live()))
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -113,12 +127,13 @@ def _wrap_out(layout, node):
 def record(func, args, kwargs, plan: Plan | None = None):
     """Record ``func(*args, **kwargs)`` as one node; return lazy tensors like torch's result."""
     plan = plan or plan_of(func)
-    bound = plan.bind(args, kwargs)
-    layout = infer(func, shape_key(plan, bound), args, kwargs)
+    key, operands, attrs = prepare(plan, args, kwargs, as_value)
+    layout = _META.get(key)
+    if layout is None:
+        layout = infer(func, key, args, kwargs)
     if layout[0] == "none":
         return None
-    node = build_node(plan, bound, as_value, layout[1])
-    return _wrap_out(layout, node)
+    return _wrap_out(layout, Generic(plan.op, operands, layout[1], attrs))
 
 
 def _functional(func):
@@ -152,7 +167,7 @@ def _inplace(func, args, kwargs):
     # torch's own checks of the in-place op on meta tensors (a dtype cannot widen in place,
     # shapes must broadcast into self): the error a CPU user would get.
     plan = plan_of(func)
-    infer(func, ("in-place", *shape_key(plan, plan.bind(args, kwargs))), args, kwargs)
+    infer(func, ("in-place", *prepare(plan, args, kwargs, as_value)[0]), args, kwargs)
     self = args[0]
     result = dispatch(functional, args, kwargs)
     rebind(self, result._ir)
