@@ -68,7 +68,8 @@ def bench(session):
     session.run(
         "python", f"{SHARDING}/bench/bench_sharding.py", "--json", ".bench/ir-sharding.json"
     )
-    session.run("python", f"{RUNTIME}/bench/bench_runtime.py", "--json", ".bench/ir-runtime.json")
+    for name, out in (("bench_runtime", "ir-runtime"), ("bench_frontend", "ir-frontend")):
+        session.run("python", f"{RUNTIME}/bench/{name}.py", "--json", f".bench/{out}.json")
 
 
 @nox.session

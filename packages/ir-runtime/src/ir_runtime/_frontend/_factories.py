@@ -33,6 +33,18 @@ def _copy_from(self, dst, non_blocking=False):
     raise NotImplementedError("_copy_from into a non-lazy tensor")
 
 
+def _factory(func):
+    def kernel(*args, **kwargs):
+        from ir_runtime._frontend._tensor import record
+
+        return record(func, args, kwargs)
+
+    return kernel
+
+
 _lib.impl("empty.memory_format", _empty)
+for _name in ("arange", "arange.start", "arange.start_step", "scalar_tensor", "full"):
+    _op, _, _overload = _name.partition(".")
+    _lib.impl(_name, _factory(getattr(getattr(torch.ops.aten, _op), _overload or "default")))
 _lib.impl("empty_strided", _empty_strided)
 _lib.impl("_copy_from", _copy_from)

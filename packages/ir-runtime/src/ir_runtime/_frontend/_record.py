@@ -53,7 +53,7 @@ _KEEP_SCALARS = frozenset(("aten::arange", "aten::linspace", "aten::logspace", "
 class Plan:
     """How one ATen overload's arguments map to operands and attributes."""
 
-    __slots__ = ("args", "lift", "name", "op", "positional")
+    __slots__ = ("args", "lift", "name", "op", "positional", "view")
 
     def __init__(self, func):
         schema = func._schema
@@ -82,6 +82,9 @@ class Plan:
                 kind = OTHER
             self.args.append((a.name, kind, a.default_value if a.has_default_value() else _MISSING))
         self.positional = len(self.args)
+        # An op whose result aliases its first argument (view, select, slice, t, ...).
+        returns = schema.returns
+        self.view = bool(returns) and returns[0].alias_info is not None and not schema.is_mutable
         self.lift = schema.name not in _KEEP_SCALARS
 
     def bind(self, args, kwargs):
@@ -175,7 +178,10 @@ def infer(func, key, args, kwargs):
     hit = _META.get(key)
     if hit is not None:
         return hit
-    out = func(*_meta_arg(list(args)), **{k: _meta_arg(v) for k, v in kwargs.items()})
+    meta_kwargs = {k: _meta_arg(v) for k, v in kwargs.items()}
+    if "device" in meta_kwargs:  # a factory: build it on meta, not on the lazy device again
+        meta_kwargs["device"] = "meta"
+    out = func(*_meta_arg(list(args)), **meta_kwargs)
     if isinstance(out, torch.Tensor):
         result = ("one", (shape_of(out),))
     elif isinstance(out, (tuple, list)):

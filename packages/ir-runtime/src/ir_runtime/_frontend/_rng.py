@@ -12,7 +12,7 @@ import torch
 from ir_core import DeviceData, Generic, Shape, Value
 from ir_runtime._frontend import _record
 
-_state = {"seed": None, "step": 0, "offset": 0, "key": None}
+_state = {"seed": None, "seedings": -1, "step": 0, "offset": 0, "key": None}
 
 
 def next_step() -> None:
@@ -22,10 +22,24 @@ def next_step() -> None:
     _state["key"] = None
 
 
+_seedings = [0]  # how many times torch.manual_seed has been called
+_torch_manual_seed = torch.manual_seed
+
+
+def _manual_seed(seed):
+    """torch.manual_seed, counted: the lazy stream restarts when the user reseeds."""
+    _seedings[0] += 1
+    return _torch_manual_seed(seed)
+
+
+torch.manual_seed = _manual_seed
+torch.random.manual_seed = _manual_seed
+
+
 def _key() -> tuple[Value, int]:
     seed = torch.initial_seed()
-    if seed != _state["seed"]:
-        _state.update(seed=seed, step=0, offset=0, key=None)
+    if _state["key"] is None and (seed != _state["seed"] or _seedings[0] != _state["seedings"]):
+        _state.update(seed=seed, seedings=_seedings[0], step=0, offset=0, key=None)
     if _state["key"] is None:
         data = np.array([seed & 0xFFFFFFFF, _state["step"] & 0xFFFFFFFF], dtype=np.uint32)
         _state["key"] = Value(DeviceData(Shape("uint32", (2,)), handle=data))

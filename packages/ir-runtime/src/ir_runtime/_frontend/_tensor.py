@@ -49,9 +49,11 @@ class LazyTensor(torch.Tensor):
     """A tensor on the lazy device: ``_ir`` is its value in the graph being recorded."""
 
     _ir: Value
-    _spec: object  # the sharding the user annotated, or None
-    _placed: object  # the sharding of the data it last held, or None
-    _held: bool  # whether it has held data (a parameter, a step's result) rather than only IR
+    # Class-level defaults, set on an instance only when they differ (tracing stays cheap).
+    _spec = None  # the sharding the user annotated
+    _placed = None  # the sharding of the data it last held
+    _held = False  # whether it has held data (a parameter, a step's result), not only IR
+    _view = None  # (base, view op, its other args, kwargs) when it is a view of a lazy tensor
 
     @staticmethod
     def __new__(cls, value: Value, requires_grad: bool = False):
@@ -60,9 +62,9 @@ class LazyTensor(torch.Tensor):
             cls, s.dims, dtype=IR_TO_TORCH[s.dtype], device=DEVICE, requires_grad=requires_grad
         )
         t._ir = value
-        t._spec = None
-        t._held = type(value.node) is DeviceData
-        t._placed = value.node.sharding if t._held else None
+        if type(value.node) is DeviceData:
+            t._held = True
+            t._placed = value.node.sharding
         _LIVE.append(weakref.ref(t))
         if len(_LIVE) > _compact_at[0]:
             _compact_at[0] = max(100_000, 2 * len(live()))
@@ -126,14 +128,18 @@ def _wrap_out(layout, node):
 
 def record(func, args, kwargs, plan: Plan | None = None):
     """Record ``func(*args, **kwargs)`` as one node; return lazy tensors like torch's result."""
-    plan = plan or plan_of(func)
+    if plan is None:
+        plan = plan_of(func)
     key, operands, attrs = prepare(plan, args, kwargs, as_value)
     layout = _META.get(key)
     if layout is None:
         layout = infer(func, key, args, kwargs)
     if layout[0] == "none":
         return None
-    return _wrap_out(layout, Generic(plan.op, operands, layout[1], attrs))
+    out = _wrap_out(layout, Generic(plan.op, operands, layout[1], attrs))
+    if plan.view and isinstance(out, LazyTensor):
+        out._view = (args[0], func, args[1:], kwargs)
+    return out
 
 
 def _functional(func):
@@ -157,7 +163,83 @@ def rebind(t: LazyTensor, value: Value) -> None:
     t._ir = value
 
 
+def _write_through(t: LazyTensor) -> None:
+    """After ``t`` (a view) was written in place, write its new value into its base, as torch's
+    shared storage would, and on up through the base's own base."""
+    while t._view is not None:
+        base, func, rest, kwargs = t._view
+        if not isinstance(base, LazyTensor):
+            return
+        new = wrap(t._ir)
+        name = func._schema.name if func is not None else "aten::alias"
+        if name in ("aten::alias", "aten::detach"):
+            value = new
+        elif name in _RESHAPES:
+            value = record(aten.reshape.default, (new, list(base.shape)), {})
+        elif name == "aten::t" or name == "aten::transpose":
+            dims = (0, 1) if name == "aten::t" else (rest[0], rest[1])
+            value = record(aten.transpose.int, (new, *dims), {})
+        elif name == "aten::permute":
+            order = [d % base.dim() for d in rest[0]]
+            inverse = [order.index(k) for k in range(len(order))]
+            value = record(aten.permute.default, (new, inverse), {})
+        elif name == "aten::select":
+            value = record(aten.select_scatter.default, (base, new, *rest), kwargs)
+        elif name == "aten::slice":
+            value = record(aten.slice_scatter.default, (base, new, *rest), kwargs)
+        else:
+            raise UnsupportedOpError(
+                f"writing in place through a view made by {func} is not supported on the lazy "
+                f"device; write the base tensor instead (or clone the view first)"
+            )
+        base._ir = value._ir
+        t = base
+
+
+_RESHAPES = frozenset(
+    (
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::reshape",
+        "aten::squeeze",
+        "aten::unsqueeze",
+        "aten::flatten",
+        "aten::unflatten",
+        "aten::expand_as",
+    )
+)
+
+
+_OUT_FORMS = {"arange.start_out": "start_step", "arange.out": "default"}
+
+
+def _out_variant(func, args, kwargs):
+    """``op.out(..., out=t)``: the functional overload, then ``t`` rebound to its result."""
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out")
+    name = func._schema.name.split("::")[1]
+    packet = getattr(aten, name)
+    overload = func._overloadname
+    candidates = [_OUT_FORMS.get(f"{name}.{overload}"), overload.replace("_out", ""), "default"]
+    given = {a.name for a in func._schema.arguments[: len(args)]} | set(kwargs)
+    for candidate in candidates:
+        functional = getattr(packet, candidate, None) if candidate else None
+        if functional is None or functional._schema.is_mutable:
+            continue
+        names = {a.name for a in functional._schema.arguments}
+        if given <= names:
+            if "dtype" in names:
+                kwargs.setdefault("dtype", out.dtype)
+            result = dispatch(functional, args, kwargs)
+            rebind(out, result._ir)
+            _write_through(out)
+            return out
+    raise UnsupportedOpError(f"{func} has no functional form the lazy device can record")
+
+
 def _inplace(func, args, kwargs):
+    if "out" in kwargs:
+        return _out_variant(func, args, kwargs)
     functional = _functional(func)
     if functional is None or not isinstance(args[0], LazyTensor):
         raise UnsupportedOpError(
@@ -171,40 +253,35 @@ def _inplace(func, args, kwargs):
     self = args[0]
     result = dispatch(functional, args, kwargs)
     rebind(self, result._ir)
+    _write_through(self)
     return self
 
 
 def _foreach(func, args, kwargs):
-    """``_foreach_op[_].X`` as one ``op[_]`` per element."""
+    """``_foreach_op[_].X`` as one ``op[_]`` per element, through torch's own Python API (which
+    picks the overload)."""
     name = func._schema.name.split("::")[1][len("_foreach_") :]
-    overload = func._overloadname
-    inplace = name.endswith("_")
-    per = getattr(aten, name)
-    lists = [a for a in args if isinstance(a, (list, tuple))]
-    n = len(lists[0])
+    bound = dict(zip([a.name for a in func._schema.arguments], args, strict=False))
+    bound.update(kwargs)
+    n = len(bound["self"])
     results = []
     for i in range(n):
-        call_args = []
-        for a in args:
-            if isinstance(a, (list, tuple)):
-                call_args.append(a[i])
-            else:
-                call_args.append(a)
-        op = _element_overload(per, overload, call_args)
-        results.append(op(*call_args, **kwargs))
-    return None if inplace else results
-
-
-def _element_overload(packet, overload, call_args):
-    # List -> Tensor, ScalarList -> Scalar, Scalar -> Scalar, Tensor -> Tensor.
-    mapping = {"List": "Tensor", "ScalarList": "Scalar", "default": "default"}
-    name = mapping.get(overload, overload)
-    op = getattr(packet, name, None)
-    if op is None and isinstance(call_args[-1], torch.Tensor):
-        op = getattr(packet, "Tensor", None)
-    if op is None:
-        op = getattr(packet, "Scalar", None) or packet.default
-    return op
+        positional, keywords = [], {}
+        for arg, v in bound.items():
+            item = v[i] if isinstance(v, (list, tuple)) else v
+            if arg in ("alpha", "value") or (arg in ("scalars", "scalar") and "addc" in name):
+                keywords["value" if arg.startswith("scalar") else arg] = item
+            elif arg == "ord" and name == "norm":
+                keywords["ord"] = item
+            elif item is not None or arg == "self":
+                positional.append(item)
+        if name == "norm":
+            results.append(torch.linalg.vector_norm(*positional, **keywords))
+        elif name.endswith("_"):
+            getattr(torch.Tensor, name)(*positional, **keywords)
+        else:
+            results.append(getattr(torch, name)(*positional, **keywords))
+    return None if name.endswith("_") else results
 
 
 def _to_copy(func, args, kwargs):
@@ -226,6 +303,7 @@ def _copy_(func, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, LazyTensor):
         rebind(dst, as_value(src) if not isinstance(src, LazyTensor) else src._ir)
+        _write_through(dst)
         return dst
     from ir_runtime._frontend._step import to_torch
 
@@ -240,7 +318,10 @@ def _local_scalar_dense(func, args, kwargs):
 
 
 def _same_value(func, args, kwargs):
-    return wrap(args[0]._ir)
+    out = wrap(args[0]._ir)
+    if func is not aten.clone.default and func is not aten.contiguous.default:
+        out._view = (args[0], None, (), {})  # detach and alias share the tensor's storage
+    return out
 
 
 def _native_batch_norm_legit(func, args, kwargs):
@@ -278,6 +359,7 @@ def _random_(func, args, kwargs):
 
     t = args[0]
     rebind(t, random_like(func, t, args[1:], kwargs)._ir)
+    _write_through(t)
     return t
 
 
@@ -304,13 +386,24 @@ SPECIAL = {
 }
 
 
-def dispatch(func, args, kwargs):
+# By id: OpOverload hashes in Python, and ids of its (cached, immortal) overloads are stable.
+_ROUTES: dict = {}
+
+
+def _route(func):
     handler = SPECIAL.get(func)
+    plan = plan_of(func)
+    route = _ROUTES[id(func)] = (handler, plan if plan.op in RULES else None, plan)
+    return route
+
+
+def dispatch(func, args, kwargs):
+    route = _ROUTES.get(id(func)) or _route(func)
+    handler, recordable, plan = route
     if handler is not None:
         return handler(func, args, kwargs)
-    plan = plan_of(func)
-    if plan.op in RULES:
-        return record(func, args, kwargs, plan)
+    if recordable is not None:
+        return record(func, args, kwargs, recordable)
     name = plan.name
     if name.startswith("aten::_foreach_"):
         return _foreach(func, args, kwargs)

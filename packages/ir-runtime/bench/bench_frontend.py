@@ -1,0 +1,188 @@
+"""The PyTorch front end's benchmarks, side by side in one run.
+
+1. Trace cost: record 10,000 elementwise ATen ops (``x = x + 1.0``) on a lazy tensor, against
+   a bare ``__torch_dispatch__`` wrapper subclass that records nothing (the floor of the
+   approach). Alternating rounds, medians.
+2. The linear-model SGD step (y = x @ W + b, MSE) as a user writes it: ``nn.Linear`` on the lazy
+   device, W sharded over "model" and x over "data" on a 4x2 mesh, ``loss.backward()``,
+   ``opt.step()``, ``mark_step()``; against torch eager (unsharded, CPU) and the same step
+   hand-written in ``jax.jit`` with the same shardings. Batch 16 / W 32x8 and 1024 / 1024x1024.
+   Every system waits for each step to finish.
+
+Prints a table and writes JSON (``--json PATH``).
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import ir_runtime as irt  # noqa: E402
+
+irt.init(cpu_devices=8)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from bench_runtime import jax_step_fn  # noqa: E402
+
+MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
+
+
+class Bare(torch.Tensor):
+    """A wrapper subclass whose dispatch records nothing: the floor."""
+
+    @staticmethod
+    def __new__(cls, shape, dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="lazy")
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        a = args[0]
+        return Bare(a.shape, a.dtype)
+
+
+def trace_round(x, n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x = x + 1.0
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def bench_trace(n, rounds):
+    bare = Bare((8, 8), torch.float32)
+    lazy = irt.to_lazy(torch.ones(8, 8))
+    trace_round(bare, 1000)
+    trace_round(lazy, 1000)
+    b, lz = [], []
+    for _ in range(rounds):
+        b.append(trace_round(bare, n))
+        lz.append(trace_round(lazy, n))
+    floor, ours = statistics.median(b), statistics.median(lz)
+    return {
+        "ops": n,
+        "floor_us": round(floor, 2),
+        "lazy_us": round(ours, 2),
+        "ratio": round(ours / floor, 2),
+    }
+
+
+def bench_step(batch, n_in, n_out, steps):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, n_in)).astype(np.float32)
+    y = rng.standard_normal((batch, n_out)).astype(np.float32)
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(n_in, n_out)
+    lazy = irt.to_lazy(torch.nn.Linear(n_in, n_out))
+    irt.mark_sharding(lazy.weight, MESH, ("model", None))
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.01)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.01)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    lx, ly = irt.to_lazy(tx), irt.to_lazy(ty)
+    irt.mark_sharding(lx, MESH, ("data", None))
+    irt.mark_sharding(ly, MESH, ("data", None))
+
+    def eager_step():
+        loss = torch.nn.functional.mse_loss(eager(tx), ty)
+        loss.backward()
+        opt_e.step()
+        opt_e.zero_grad()
+
+    def lazy_step():
+        loss = torch.nn.functional.mse_loss(lazy(lx), ly)
+        loss.backward()
+        opt_l.step()
+        opt_l.zero_grad()
+        irt.mark_step()
+
+    fn, xs, ws, rep = jax_step_fn(lr=0.01)
+    jx, jy = jax.device_put(x, xs), jax.device_put(y, xs)
+    state = [
+        jax.device_put(np.zeros((n_in, n_out), np.float32), ws),
+        jax.device_put(np.zeros(n_out, np.float32), rep),
+    ]
+
+    def jax_step():
+        w, b, loss = fn(state[0], state[1], jx, jy)
+        loss.block_until_ready()
+        state[0], state[1] = w, b
+
+    for _ in range(3):
+        eager_step()
+        lazy_step()
+        jax_step()
+    samples = {"torch eager": [], "ir_runtime lazy": [], "jax.jit": []}
+    for _ in range(steps):
+        for name, step in (
+            ("torch eager", eager_step),
+            ("ir_runtime lazy", lazy_step),
+            ("jax.jit", jax_step),
+        ):
+            t0 = time.perf_counter()
+            step()
+            samples[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    return {
+        "batch": batch,
+        "w": [n_in, n_out],
+        **{f"{k}_us": round(v, 1) for k, v in med.items()},
+        "lazy_over_jax": round(med["ir_runtime lazy"] / med["jax.jit"], 3),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    trace = bench_trace(10_000, 5)
+    tiny = bench_step(16, 32, 8, args.steps)
+    large = bench_step(1024, 1024, 1024, max(10, args.steps // 5))
+    print("\nTrace cost: 10,000 elementwise ops, us/op, median of 5 alternating rounds")
+    print(
+        f"bare __torch_dispatch__ subclass (floor) {trace['floor_us']:.2f}   "
+        f"ir_runtime lazy {trace['lazy_us']:.2f}   ratio {trace['ratio']:.2f}"
+    )
+    print("targets: at most 7 us/op and 1.3x the floor")
+    print("\nLinear-model SGD step through the front end, 4x2 mesh, per-step medians (us)")
+    print(f"{'size':<26}{'torch eager':>13}{'jax.jit':>10}{'lazy':>10}{'lazy/jax':>10}")
+    for name, r in (("tiny: 16, W 32x8", tiny), ("large: 1024, W 1024^2", large)):
+        print(
+            f"{name:<26}{r['torch eager_us']:>13.0f}{r['jax.jit_us']:>10.0f}"
+            f"{r['ir_runtime lazy_us']:>10.0f}{r['lazy_over_jax']:>10.2f}"
+        )
+    print("targets: tiny at most 1.5x jax.jit; large at most 1.1x")
+    results = {
+        "trace": trace,
+        "sgd_tiny": tiny,
+        "sgd_large": large,
+        "targets": {
+            "trace_us_max": 7,
+            "trace_ratio_max": 1.3,
+            "tiny_ratio_max": 1.5,
+            "large_ratio_max": 1.1,
+        },
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "jax": jax.__version__,
+            "cpus": os.cpu_count(),
+        },
+    }
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

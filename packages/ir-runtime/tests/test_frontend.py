@@ -1,0 +1,207 @@
+"""The PyTorch front end, op by op and feature by feature, against torch eager."""
+
+import numpy as np
+import pytest
+import torch
+
+import ir_runtime as irt
+
+MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
+
+
+def same(lazy, eager, **tol):
+    np.testing.assert_allclose(irt.to_torch(lazy).numpy(), eager.detach().numpy(), **tol)
+
+
+def test_device_printing_item_cpu():
+    t = irt.to_lazy(torch.tensor([[1.5, -2.0], [3.0, 4.0]]))
+    assert t.device == torch.device("lazy", 0)
+    assert str(t.device) == "lazy:0"
+    s = (t * 2).sum()
+    assert s.item() == 13.0
+    assert isinstance(t.cpu(), torch.Tensor) and t.cpu().device.type == "cpu"
+    assert "lazy:0" in repr(t) and "1.5000" in repr(t)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.int64,
+        torch.int32,
+        torch.float64,
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.bool,
+    ],
+)
+def test_dtypes_follow_torch(dtype):
+    x = torch.arange(6).reshape(2, 3).to(dtype)
+    lx = irt.to_lazy(x)
+    assert lx.dtype == dtype
+    back = irt.to_torch(lx)
+    assert back.dtype == dtype and torch.equal(back, x)
+    if dtype not in (torch.bool,):
+        out = irt.to_torch(lx + lx)
+        assert out.dtype == (x + x).dtype
+        assert torch.equal(out, x + x)
+
+
+def test_big_int64_values_survive():
+    x = torch.tensor([2**40 + 1, -(2**50)], dtype=torch.int64)
+    assert torch.equal(irt.to_torch(irt.to_lazy(x) * 3), x * 3)
+
+
+VIEWS = [
+    lambda t: t[1].add_(5.0),
+    lambda t: t[:, 1:3].mul_(2.0),
+    lambda t: t.view(-1).add_(1.0),
+    lambda t: t.t().sub_(3.0),
+    lambda t: t.__setitem__((0, 0), 7.0),
+    lambda t: t.detach().zero_(),
+    lambda t: t[1][1:].fill_(9.0),
+]
+
+
+@pytest.mark.parametrize("write", VIEWS)
+def test_writes_through_views_reach_the_base(write):
+    a = torch.arange(12.0).reshape(3, 4)
+    b = irt.to_lazy(a.clone())
+    write(a)
+    write(b)
+    same(b, a)
+
+
+def test_factories_on_the_lazy_device():
+    z = torch.zeros(2, 3, device="lazy")
+    assert isinstance(z, irt.LazyTensor)
+    assert torch.equal(irt.to_torch(z), torch.zeros(2, 3))
+    t = torch.tensor([1.0, 2.0], device="lazy")
+    assert torch.equal(irt.to_torch(t), torch.tensor([1.0, 2.0]))
+    r = torch.arange(5, device="lazy")
+    assert torch.equal(irt.to_torch(r), torch.arange(5))
+    f = torch.full((2,), 3.5, device="lazy")
+    assert torch.equal(irt.to_torch(f), torch.full((2,), 3.5))
+
+
+def test_copy_from_and_to_the_host():
+    lx = irt.to_lazy(torch.zeros(3))
+    lx.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    host = torch.empty(3)
+    host.copy_(lx * 2)
+    assert torch.equal(host, torch.tensor([2.0, 4.0, 6.0]))
+
+
+def test_unsupported_op_names_the_aten_op():
+    x = irt.to_lazy(torch.randn(4, 4))
+    with pytest.raises(irt.UnsupportedOpError, match=r"aten::linalg_eig"):
+        torch.linalg.eig(x)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam", "AdamW"])
+def test_optimizers_single_tensor_and_foreach(opt_name, foreach):
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(6, 3)
+    lazy = irt.to_lazy(torch.nn.Linear(6, 3))
+    with torch.no_grad():
+        for pl, pe in zip(lazy.parameters(), eager.parameters(), strict=True):
+            pl.copy_(pe)
+    kw = {"lr": 0.05, "foreach": foreach}
+    if opt_name == "SGD":
+        kw["momentum"] = 0.9
+    opt_e = getattr(torch.optim, opt_name)(eager.parameters(), **kw)
+    opt_l = getattr(torch.optim, opt_name)(lazy.parameters(), **kw)
+    x, y = torch.randn(8, 6), torch.randn(8, 3)
+    for _ in range(4):
+        for model, opt, xx, yy in (
+            (eager, opt_e, x, y),
+            (lazy, opt_l, irt.to_lazy(x), irt.to_lazy(y)),
+        ):
+            loss = torch.nn.functional.mse_loss(model(xx), yy)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad()
+        irt.mark_step()
+    for pl, pe in zip(lazy.parameters(), eager.parameters(), strict=True):
+        same(pl, pe, rtol=1e-4, atol=1e-5)
+
+
+def test_a_changing_learning_rate_does_not_recompile():
+    torch.manual_seed(0)
+    model = irt.to_lazy(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.7)
+    irt.CACHE.clear()
+    irt.reset_metrics()
+    for _ in range(5):
+        loss = model(irt.to_lazy(torch.randn(3, 4))).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        irt.mark_step()
+    assert irt.metrics()["counters"]["CompileCount"] == 1
+
+
+def test_dropout_is_reproducible_and_sound():
+    x = irt.to_lazy(torch.ones(4000))
+
+    def draw(seed):
+        torch.manual_seed(seed)
+        out = torch.nn.functional.dropout(x, p=0.25, training=True)
+        irt.mark_step()
+        return irt.to_torch(out)
+
+    a, b, c = draw(1), draw(1), draw(2)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    kept = (a != 0).float().mean().item()
+    assert abs(kept - 0.75) < 0.03  # 4000 draws: 4.5 standard deviations
+    assert torch.allclose(a[a != 0], torch.full_like(a[a != 0], 1 / 0.75))
+    # Consecutive steps draw different masks from one seed.
+    torch.manual_seed(1)
+    first = torch.nn.functional.dropout(x, p=0.5, training=True)
+    irt.mark_step()
+    second = torch.nn.functional.dropout(x, p=0.5, training=True)
+    irt.mark_step()
+    assert not torch.equal(irt.to_torch(first), irt.to_torch(second))
+
+
+def test_mark_sharding_places_data_and_errors_change_nothing():
+    t = irt.to_lazy(torch.arange(32.0).reshape(8, 4))
+    before = t._ir
+    with pytest.raises(ValueError, match="has 1 entries but the tensor"):
+        irt.mark_sharding(t, MESH, ("data",))
+    with pytest.raises(ValueError, match="names mesh axis 'nope'"):
+        irt.mark_sharding(t, MESH, ("nope", None))
+    assert t._ir is before and t._spec is None
+    irt.mark_sharding(t, MESH, ("data", "model"))
+    shards = {s.device.id: tuple(s.data.shape) for s in t._ir.node.handle.addressable_shards}
+    assert shards == dict.fromkeys(range(8), (2, 2))
+    assert "TILED" in irt.visualize_sharding(t)
+    irt.clear_sharding(t)
+    assert t._spec is None
+    assert torch.equal(irt.to_torch(t), torch.arange(32.0).reshape(8, 4))
+
+
+def test_dump_formats():
+    t = irt.to_lazy(torch.ones(2, 2)) * 3.0
+    assert "aten::mul" in irt.dump(t)
+    assert irt.dump(t, format="dot").startswith("digraph")
+    assert "stablehlo" in irt.dump(t, format="stablehlo")
+    with pytest.raises(ValueError, match="format must be"):
+        irt.dump(t, format="svg")
+
+
+def test_tensors_no_longer_alive_are_not_computed():
+    irt.reset_metrics()
+    x = irt.to_lazy(torch.ones(3))
+    kept = x + 1.0
+    dropped = x * 100.0
+    del dropped
+    irt.mark_step()
+    # x, the 0-d input holding 1.0, and the add: nothing of the dropped tensor.
+    assert irt.metrics()["timers"]["GraphNodes"]["last"] == 3
+    assert torch.equal(irt.to_torch(kept), torch.full((3,), 2.0))
