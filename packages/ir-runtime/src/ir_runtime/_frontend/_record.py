@@ -195,10 +195,18 @@ def infer(func, key, args, kwargs):
     return result
 
 
+_FLOATS = frozenset(("float16", "bfloat16", "float32", "float64"))
+_NUMBERS = (float, int, bool)
+
+
 def _float_dtype(args):
     """The dtype of the op's first floating tensor argument: lifted scalars take it."""
     for a in args:
-        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+        ir = getattr(a, "_ir", None)  # a lazy tensor, without torch's slow isinstance
+        if ir is not None:
+            if ir.shape.dtype in _FLOATS:
+                return ir.shape.dtype
+        elif isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
             return ir_dtype(a.dtype)
     return None
 
@@ -219,10 +227,10 @@ def prepare(plan: Plan, args, kwargs, as_value):
         else:
             continue
         if kind == TENSOR:
-            if isinstance(value, torch.Tensor):
-                v = as_value(value)
-            else:  # a Python number where the schema has a Tensor: a 0-d input
+            if type(value) in _NUMBERS:  # a Python number where the schema has a Tensor
                 v = scalar_leaf(value, _number_dtype(value, _float_dtype(args)))
+            else:
+                v = as_value(value)
             operands.append(v)
             key.append(v.shape)
         elif kind == OTHER:

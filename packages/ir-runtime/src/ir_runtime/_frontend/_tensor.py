@@ -93,7 +93,7 @@ def wrap(value: Value) -> LazyTensor:
 
 def as_value(x) -> Value:
     """The IR value of an argument: a lazy tensor's value, or a host tensor as a parameter."""
-    if isinstance(x, LazyTensor):
+    if type(x) is LazyTensor or isinstance(x, LazyTensor):  # the first test is the fast one
         return x._ir
     if isinstance(x, torch.Tensor):
         if x.device.type == "meta":
