@@ -9,8 +9,8 @@ from collections import OrderedDict
 
 import jax
 import jaxlib
-from jax._src.array import ArrayImpl
 import numpy as np
+from jax._src.array import ArrayImpl
 
 from ir_core import DeviceData, Shape, Value, graph_fingerprint, graph_hash, post_order
 from ir_runtime import _metrics
