@@ -126,3 +126,30 @@ def test_specs_with_one_placement_and_different_ranks_convert_separately():
     out = Value(Generic("aten::add.Tensor", [m, v], [m.shape], {"alpha": 1}))
     (res,) = irt.execute([out])
     np.testing.assert_array_equal(irt.to_host(res), np.ones((4, 3)) + np.arange(3))
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [
+        ("aten::t.default", {}),
+        ("aten::transpose.int", {"dim0": -1, "dim1": 0}),
+        ("aten::permute.default", {"dims": (1, 0)}),
+    ],
+)
+def test_a_transposed_product_is_computed_as_the_swapped_product(op, attrs):
+    rng = np.random.default_rng(0)
+    a, b = (
+        rng.standard_normal((5, 3)).astype(np.float32),
+        rng.standard_normal((3, 4)).astype(np.float32),
+    )
+    la, lb = leaf(a), leaf(b)
+    prod = Value(Generic("aten::mm.default", [la, lb], [Shape("float32", (5, 4))]))
+    out = Value(Generic(op, [prod], [Shape("float32", (4, 5))], attrs))
+    (res,) = irt.execute([out])
+    np.testing.assert_allclose(irt.to_host(res), (a @ b).T, rtol=1e-5)
+    assert "transpose" not in irt.lower([out]).split("dot_general")[-1]
+    # With a second use of the product, both are computed as written.
+    other = Value(Generic("aten::neg.default", [prod], [prod.shape]))
+    r1, r2 = irt.execute([out, other])
+    np.testing.assert_allclose(irt.to_host(r1), (a @ b).T, rtol=1e-5)
+    np.testing.assert_allclose(irt.to_host(r2), -(a @ b), rtol=1e-5)

@@ -95,15 +95,47 @@ class _Graph:
         order, params, roots = self.order, self.params, self.roots
         program = self.program
 
+        uses: dict = {}
+        for n in order:
+            for v in n.operands:
+                uses[id(v.node)] = uses.get(id(v.node), 0) + 1
+
         def run(*args):
             env = {id(p): (a,) for p, a in zip(params, args, strict=True)}
             for n in order:
                 if type(n) is DeviceData:
                     continue
+                swapped = _transposed_product(n, env, uses)
+                if swapped is not None:
+                    env[id(n)] = swapped
+                    continue
                 env[id(n)] = _lower_node(n, [env[id(v.node)][v.index] for v in n.operands], program)
             return tuple(env[id(r.node)][r.index] for r in roots)
 
         return run
+
+
+_TRANSPOSES = frozenset(("aten::t.default", "aten::transpose.int", "aten::permute.default"))
+
+
+def _transposed_product(n, env, uses):
+    """``t(mm(a, b))`` as ``mm(b.T, a.T)``: XLA folds transposed operands into the dot for free
+    but writes a transposed result out as a copy (torch's linear backward makes exactly this
+    for every weight gradient). Only when the product has no other use and ``n`` carries no
+    sharding of its own; otherwise None, and the node is lowered as it is."""
+    if n.op not in _TRANSPOSES or n.sharding is not None or len(n.operands) != 1:
+        return None
+    m = n.operands[0].node
+    if m.op != "aten::mm.default" or uses.get(id(m)) != 1 or m.sharding is not None:
+        return None
+    if n.op == "aten::permute.default" and tuple(n.attrs["dims"]) not in ((1, 0), (-1, -2)):
+        return None
+    if n.op == "aten::transpose.int" and {n.attrs["dim0"] % 2, n.attrs["dim1"] % 2} != {0, 1}:
+        return None
+    a = env[id(m.operands[0].node)][m.operands[0].index]
+    b = env[id(m.operands[1].node)][m.operands[1].index]
+    out = jax.numpy.matmul(b.T, a.T, precision=jax.lax.Precision.HIGHEST)
+    return (out.astype(to_numpy_dtype(n.shapes[0].dtype)),)
 
 
 class _Lifted:

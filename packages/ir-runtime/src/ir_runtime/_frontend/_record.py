@@ -53,7 +53,7 @@ _KEEP_SCALARS = frozenset(("aten::arange", "aten::linspace", "aten::logspace", "
 class Plan:
     """How one ATen overload's arguments map to operands and attributes."""
 
-    __slots__ = ("args", "lift", "name", "op", "positional", "view")
+    __slots__ = ("args", "lift", "name", "op", "positional", "prepare", "view")
 
     def __init__(self, func):
         schema = func._schema
@@ -82,6 +82,7 @@ class Plan:
                 kind = OTHER
             self.args.append((a.name, kind, a.default_value if a.has_default_value() else _MISSING))
         self.positional = len(self.args)
+        self.prepare = None
         # An op whose result aliases its first argument (view, select, slice, t, ...).
         returns = schema.returns
         self.view = bool(returns) and returns[0].alias_info is not None and not schema.is_mutable
@@ -213,67 +214,96 @@ def _float_dtype(args):
 
 def prepare(plan: Plan, args, kwargs, as_value):
     """One pass over an op's arguments: the shape-inference memo key (tensors by Shape, lifted
-    floats by kind only), the operands, and the attributes."""
-    key = [plan.op]
-    operands, attrs, lifted, lifted_values = [], {}, None, None
-    n = len(args)
+    floats by kind only), the operands, and the attributes. Each op gets its own straight-line
+    function, generated from its schema the first time (tracing runs this for every op)."""
+    fn = plan.prepare
+    if fn is None:
+        fn = plan.prepare = _generate(plan)
+    return fn(args, kwargs, as_value)
+
+
+def _generate(plan: Plan):
+    """Python source for ``prepare`` specialized to one schema: no loop, no kind dispatch."""
+    lines = [
+        "def prepare(args, kwargs, as_value):",
+        "    n = len(args)",
+        "    key = [OP]",
+        "    operands = []",
+        "    attrs = {}",
+        "    lifted = None",
+    ]
+    env = {
+        "OP": plan.op,
+        "MISSING": _MISSING,
+        "NUMBERS": _NUMBERS,
+        "SPECIAL": _SPECIAL,
+        "scalar_leaf": scalar_leaf,
+        "number_dtype": _number_dtype,
+        "float_dtype": _float_dtype,
+        "attr_value": attr_value,
+    }
     for k, (name, kind, default) in enumerate(plan.args):
-        if k < n:
-            value = args[k]
-        elif name in kwargs:
-            value = kwargs[name]
-        elif default is not _MISSING:
-            value = default
-        else:
-            continue
-        if kind == TENSOR:
-            if type(value) in _NUMBERS:  # a Python number where the schema has a Tensor
-                v = scalar_leaf(value, _number_dtype(value, _float_dtype(args)))
-            else:
-                v = as_value(value)
-            operands.append(v)
-            key.append(v.shape)
-        elif kind == OTHER:
-            a = attr_value(value)
-            attrs[name] = a
-            key.append((name, a))
-        elif kind == SCALAR:
-            if plan.lift and type(value) is float and value not in _SPECIAL:
-                dtype = _float_dtype(args)
-                if dtype is not None:
-                    if lifted is None:
-                        lifted, lifted_values = [], []
-                    lifted.append(name)
-                    lifted_values.append(scalar_leaf(value, dtype))
-                    key.append(name)  # lifted: its value is not part of the program
-                    continue
-            a = attr_value(value)
-            attrs[name] = a
-            key.append((name, a))
-        elif kind == OPT_TENSOR:
-            if value is None:
-                attrs[name] = None
-                key.append(None)
-            else:
-                v = as_value(value)
-                operands.append(v)
-                key.append(v.shape)
-        else:  # TENSOR_LIST
-            present = []
-            for t in value:
-                if t is None:
-                    present.append(None)
-                else:
-                    v = as_value(t)
-                    operands.append(v)
-                    present.append(v.shape)
-            if None in present:
-                attrs["indexed"] = tuple(p is not None for p in present)
-            key.append(tuple(present))
-    if lifted is not None:
-        attrs["__lifted__"] = tuple(lifted)
-        operands.extend(lifted_values)
-    return tuple(key), operands, attrs
+        d = f"D{k}"
+        env[d] = default
+        lines.append(f"    v = args[{k}] if n > {k} else kwargs.get({name!r}, {d})")
+        body = {
+            TENSOR: [
+                "if type(v) in NUMBERS:",
+                "    v = scalar_leaf(v, number_dtype(v, float_dtype(args)))",
+                "else:",
+                "    v = as_value(v)",
+                "operands.append(v)",
+                "key.append(v.shape)",
+            ],
+            OTHER: ["a = attr_value(v)", f"attrs[{name!r}] = a", f"key.append(({name!r}, a))"],
+            SCALAR: [
+                "fd = float_dtype(args) if LIFT and type(v) is float and v not in SPECIAL "
+                "else None",
+                "if fd is not None:",
+                "    lifted = lifted or ([], [])",
+                f"    lifted[0].append({name!r})",
+                "    lifted[1].append(scalar_leaf(v, fd))",
+                f"    key.append({name!r})",
+                "else:",
+                "    a = attr_value(v)",
+                f"    attrs[{name!r}] = a",
+                f"    key.append(({name!r}, a))",
+            ],
+            OPT_TENSOR: [
+                "if v is None:",
+                f"    attrs[{name!r}] = None",
+                "    key.append(None)",
+                "else:",
+                "    v = as_value(v)",
+                "    operands.append(v)",
+                "    key.append(v.shape)",
+            ],
+            TENSOR_LIST: [
+                "present = []",
+                "for t in v:",
+                "    if t is None:",
+                "        present.append(None)",
+                "    else:",
+                "        t = as_value(t)",
+                "        operands.append(t)",
+                "        present.append(t.shape)",
+                "if None in present:",
+                "    attrs['indexed'] = tuple(p is not None for p in present)",
+                "key.append(tuple(present))",
+            ],
+        }[kind]
+        lines.append("    if v is not MISSING:")
+        lines += [f"        {line}" for line in body]
+    lines += [
+        "    if lifted is not None:",
+        "        attrs['__lifted__'] = tuple(lifted[0])",
+        "        operands.extend(lifted[1])",
+        "    return tuple(key), operands, attrs",
+    ]
+    env["LIFT"] = plan.lift
+    namespace: dict = {}
+    exec("\n".join(lines), env, namespace)
+    return namespace["prepare"]
 
 
 def _hashable(v):

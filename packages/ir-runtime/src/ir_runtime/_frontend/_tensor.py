@@ -74,7 +74,10 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return dispatch(func, args, kwargs or {})
+        route = _ROUTES.get(id(func))
+        if route is not None and route[1] is not None:  # the common case, inlined
+            return record(func, args, kwargs or _NO_KWARGS, route[1])
+        return dispatch(func, args, kwargs or _NO_KWARGS)
 
     def __repr__(self, *, tensor_contents=None):
         from ir_runtime._frontend._step import to_torch
@@ -136,8 +139,11 @@ def record(func, args, kwargs, plan: Plan | None = None):
         layout = infer(func, key, args, kwargs)
     if layout[0] == "none":
         return None
-    out = _wrap_out(layout, Generic(plan.op, operands, layout[1], attrs))
-    if plan.view and isinstance(out, LazyTensor):
+    node = Generic(plan.op, operands, layout[1], attrs)
+    if layout[0] != "one":
+        return _wrap_out(layout, node)
+    out = LazyTensor.__new__(LazyTensor, Value(node, 0))
+    if plan.view:
         out._view = (args[0], func, args[1:], kwargs)
     return out
 
@@ -388,12 +394,14 @@ SPECIAL = {
 
 # By id: OpOverload hashes in Python, and ids of its (cached, immortal) overloads are stable.
 _ROUTES: dict = {}
+_NO_KWARGS: dict = {}
 
 
 def _route(func):
     handler = SPECIAL.get(func)
     plan = plan_of(func)
-    route = _ROUTES[id(func)] = (handler, plan if plan.op in RULES else None, plan)
+    recordable = plan if handler is None and plan.op in RULES else None
+    route = _ROUTES[id(func)] = (handler, recordable, plan)
     return route
 
 
