@@ -53,7 +53,7 @@ _KEEP_SCALARS = frozenset(("aten::arange", "aten::linspace", "aten::logspace", "
 class Plan:
     """How one ATen overload's arguments map to operands and attributes."""
 
-    __slots__ = ("args", "lift", "name", "op", "positional", "prepare", "view")
+    __slots__ = ("args", "lift", "name", "op", "prepare", "view")
 
     def __init__(self, func):
         schema = func._schema
@@ -81,28 +81,11 @@ class Plan:
             else:
                 kind = OTHER
             self.args.append((a.name, kind, a.default_value if a.has_default_value() else _MISSING))
-        self.positional = len(self.args)
         self.prepare = None
         # An op whose result aliases its first argument (view, select, slice, t, ...).
         returns = schema.returns
         self.view = bool(returns) and returns[0].alias_info is not None and not schema.is_mutable
         self.lift = schema.name not in _KEEP_SCALARS
-
-    def bind(self, args, kwargs):
-        """(name, kind, value) for each argument given or defaulted."""
-        out = []
-        n = len(args)
-        for k, (name, kind, default) in enumerate(self.args):
-            if k < n:
-                value = args[k]
-            elif name in kwargs:
-                value = kwargs[name]
-            elif default is not _MISSING:
-                value = default
-            else:
-                continue
-            out.append((name, kind, value))
-        return out
 
 
 _MISSING = object()
@@ -304,14 +287,6 @@ def _generate(plan: Plan):
     namespace: dict = {}
     exec("\n".join(lines), env, namespace)
     return namespace["prepare"]
-
-
-def _hashable(v):
-    if isinstance(v, (list, tuple, torch.Size)):
-        return tuple(_hashable(x) for x in v)
-    if isinstance(v, torch.Tensor):
-        return (tuple(v.shape), v.dtype)
-    return v
 
 
 def shape_of_lazy(t) -> Shape:

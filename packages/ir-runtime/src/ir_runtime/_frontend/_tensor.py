@@ -369,10 +369,6 @@ def _random_(func, args, kwargs):
     return t
 
 
-def _unsupported(func, args, kwargs):
-    raise UnsupportedOpError(f"{func} is not supported on the lazy device")
-
-
 SPECIAL = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
