@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from training import assert_same_parameters, eager_step, lazy_step
 
 import ir_runtime as irt
 
@@ -46,28 +47,13 @@ def test_cnn_matches_torch_eager(mode):
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
     opt_l = torch.optim.SGD(lazy.parameters(), lr=0.05, momentum=0.9)
     irt.reset_metrics()
+    ce = torch.nn.functional.cross_entropy
     losses_e, losses_l = [], []
     for x, y in batches():
-        loss = torch.nn.functional.cross_entropy(eager(x), y)
-        loss.backward()
-        opt_e.step()
-        opt_e.zero_grad()
-        losses_e.append(loss.item())
-
-        xl, yl = irt.to_lazy(x), irt.to_lazy(y)
-        irt.mark_sharding(xl, MESH, ("data", None, None, None))
-        irt.mark_sharding(yl, MESH, ("data",))
-        loss_l = torch.nn.functional.cross_entropy(lazy(xl), yl)
-        loss_l.backward()
-        opt_l.step()
-        opt_l.zero_grad()
-        irt.mark_step()
-        losses_l.append(loss_l.item())
+        losses_e.append(eager_step(eager, opt_e, ce, x, y))
+        losses_l.append(lazy_step(lazy, opt_l, ce, x, y, MESH).item())
     np.testing.assert_allclose(losses_l, losses_e, rtol=2e-4, atol=1e-5)
-    for pe, pl in zip(eager.parameters(), lazy.parameters(), strict=True):
-        np.testing.assert_allclose(
-            irt.to_torch(pl).numpy(), pe.detach().numpy(), rtol=1e-3, atol=1e-4
-        )
+    assert_same_parameters(eager, lazy, rtol=1e-3, atol=1e-4)
     for be, bl in zip(eager.buffers(), lazy.buffers(), strict=True):
         np.testing.assert_allclose(irt.to_torch(bl).numpy(), be.numpy(), rtol=1e-3, atol=1e-4)
     # Step 1 has no momentum buffers yet; every later step is the same program.

@@ -6,6 +6,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from training import assert_same_parameters, eager_step, lazy_step
 
 import ir_runtime as irt
 
@@ -48,26 +49,11 @@ def test_linear_model_matches_torch_eager(mode):
     opt_l = torch.optim.SGD(lazy.parameters(), lr=0.05)
     irt.reset_metrics()
     irt.CACHE.clear()
+    mse = torch.nn.functional.mse_loss
     losses_e, losses_l = [], []
     for x, y in batches():
-        loss = torch.nn.functional.mse_loss(eager(x), y)
-        loss.backward()
-        opt_e.step()
-        opt_e.zero_grad()
-        losses_e.append(loss.item())
-
-        xl, yl = irt.to_lazy(x), irt.to_lazy(y)
-        irt.mark_sharding(xl, MESH, ("data", None))
-        irt.mark_sharding(yl, MESH, ("data", None))
-        loss_l = torch.nn.functional.mse_loss(lazy(xl), yl)
-        loss_l.backward()
-        opt_l.step()
-        opt_l.zero_grad()
-        irt.mark_step()
-        losses_l.append(loss_l.item())
+        losses_e.append(eager_step(eager, opt_e, mse, x, y))
+        losses_l.append(lazy_step(lazy, opt_l, mse, x, y, MESH).item())
     np.testing.assert_allclose(losses_l, losses_e, rtol=1e-4, atol=1e-6)
-    for pe, pl in zip(eager.parameters(), lazy.parameters(), strict=True):
-        np.testing.assert_allclose(
-            irt.to_torch(pl).numpy(), pe.detach().numpy(), rtol=1e-4, atol=1e-5
-        )
+    assert_same_parameters(eager, lazy, rtol=1e-4, atol=1e-5)
     assert irt.metrics()["counters"]["CompileCount"] == 1

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import torch
+from training import lazy_step
 
 import ir_runtime as irt
 from ir_runtime._frontend._tensor import live
@@ -63,13 +64,7 @@ def test_500_steps_do_not_grow_memory():
     x, y = torch.randn(64, 16), torch.randn(64, 8)
     marks = {}
     for step in range(500):
-        lx, ly = irt.to_lazy(x), irt.to_lazy(y)
-        irt.mark_sharding(lx, MESH, ("data", None))
-        loss = torch.nn.functional.mse_loss(model(lx), ly)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        irt.mark_step()
+        lazy_step(model, opt, torch.nn.functional.mse_loss, x, y, MESH)
         if step in (99, 499):
             gc.collect()
             marks[step] = (_rss_mb(), len(live()))

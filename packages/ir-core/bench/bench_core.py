@@ -12,16 +12,16 @@ building is visible. Prints a table and writes JSON (``--json PATH``).
 
 import argparse
 import gc
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))  # benchjson, at the top
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+import benchjson  # noqa: E402
 from ir_core import DeviceData, Generic, Shape, Value, graph_hash, post_order  # noqa: E402
 
 import reference  # noqa: E402
@@ -168,12 +168,7 @@ def main():
             "both_ns_per_node": round(both, 1),
             "target_both_ns_per_node_max": 150,
         },
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-        },
+        "environment": benchjson.environment(torch=torch.__version__),
     }
 
     c = results["construct_and_hash"]
@@ -190,11 +185,7 @@ def main():
     print(f"\npost_order + graph_hash of {t['nodes']:,} nodes, median")
     print(f"post_order {po:.0f} ns/node, graph_hash {gh:.0f} ns/node, both {both:.0f}", end="")
     print(" (target <= 150)")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"\nwrote {args.json}")
+    benchjson.write(args.json, results)
 
 
 if __name__ == "__main__":

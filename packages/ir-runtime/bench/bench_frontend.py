@@ -13,16 +13,16 @@ Prints a table and writes JSON (``--json PATH``).
 """
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))  # benchjson, at the top
 sys.path.insert(0, HERE)
 
+import benchjson  # noqa: E402
 import ir_runtime as irt  # noqa: E402
 
 irt.init(cpu_devices=8)
@@ -199,18 +199,9 @@ def main():
             "tiny_ratio_max": 1.5,
             "large_ratio_max": 1.1,
         },
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "jax": jax.__version__,
-            "cpus": os.cpu_count(),
-        },
+        "environment": benchjson.environment(torch=torch.__version__, jax=jax.__version__),
     }
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"\nwrote {args.json}")
+    benchjson.write(args.json, results)
 
 
 if __name__ == "__main__":

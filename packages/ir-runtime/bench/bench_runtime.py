@@ -13,16 +13,16 @@ Prints a table and writes JSON (``--json PATH``).
 """
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))  # benchjson, at the top
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+import benchjson  # noqa: E402
 import ir_runtime as irt  # noqa: E402
 
 irt.init(cpu_devices=8)
@@ -203,18 +203,9 @@ def main():
         "sgd_large": large,
         "cache_lookup": lookup,
         "targets": {"tiny_overhead_us_max": 100, "large_ratio_max": 1.05, "lookup_ms_max": 5},
-        "environment": {
-            "python": platform.python_version(),
-            "jax": jax.__version__,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-        },
+        "environment": benchjson.environment(jax=jax.__version__),
     }
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"\nwrote {args.json}")
+    benchjson.write(args.json, results)
 
 
 if __name__ == "__main__":

@@ -10,19 +10,9 @@ import torch
 
 import ir_runtime as irt
 from ir_core import DeviceData, Generic, Shape, Value
+from ir_runtime._frontend._record import TORCH_TO_IR
 
-TORCH_DTYPES = {
-    torch.bool: "bool",
-    torch.int8: "int8",
-    torch.int16: "int16",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.uint8: "uint8",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-}
+TORCH_DTYPES = TORCH_TO_IR  # the front end's table: torch dtype -> ir-core name
 
 
 def shape_of(t):

@@ -17,15 +17,18 @@ Prints a table and writes JSON (``--json PATH``).
 
 import argparse
 import gc
-import json
 import os
-import platform
 import statistics
+import sys
 import time
 
-from ir_core import DeviceData, Generic, Shape, Value, post_order
-from ir_sharding import Mesh, ShardingSpec, relink, with_sharding
-from ir_sharding._spec import _PARSED, _PLACEMENTS
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))  # benchjson, at the top
+
+import benchjson  # noqa: E402
+from ir_core import DeviceData, Generic, Shape, Value, post_order  # noqa: E402
+from ir_sharding import Mesh, ShardingSpec, relink, with_sharding  # noqa: E402
+from ir_sharding._spec import _PARSED, _PLACEMENTS  # noqa: E402
 
 SHAPE = Shape("float32", (1024, 1024))
 SPEC = ShardingSpec(Mesh(range(8), (4, 2), ("data", "model")), (None, "model"))
@@ -195,18 +198,9 @@ def main():
         "relink_target_ratio_max": 2,
         "sharding_spec": specs,
         "sharding_spec_target_us_max": 20,
-        "environment": {
-            "python": platform.python_version(),
-            "jax": None if jax is None else jax.__version__,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-        },
+        "environment": benchjson.environment(jax=None if jax is None else jax.__version__),
     }
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"\nwrote {args.json}")
+    benchjson.write(args.json, results)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, regist
     "aten::view_copy.default",
     "aten::view",
     "aten::reshape",
+    "aten::squeeze.default",
+    "aten::squeeze.dim",
+    "aten::squeeze.dims",
+    "aten::unsqueeze.default",
+    "aten::unsqueeze",
+    "aten::squeeze",
 )
 def _reshape(node, x):
     return x.reshape(out_dims(node))
@@ -41,18 +47,6 @@ def _t(node, x):
 @register("aten::expand.default", "aten::expand_copy.default", "aten::expand")
 def _expand(node, x):
     return jnp.broadcast_to(x, out_dims(node))
-
-
-@register(
-    "aten::squeeze.default",
-    "aten::squeeze.dim",
-    "aten::squeeze.dims",
-    "aten::unsqueeze.default",
-    "aten::unsqueeze",
-    "aten::squeeze",
-)
-def _reshape_only(node, x):
-    return x.reshape(out_dims(node))
 
 
 @register("aten::slice.Tensor", "aten::slice_copy.Tensor")
