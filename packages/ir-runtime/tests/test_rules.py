@@ -329,3 +329,11 @@ def test_constructors():
     check("arange.start_step", 2, 11, 3, dtype=torch.int64)
     check("arange.start_step", 0.0, 1.0, 0.25, dtype=torch.float32)
     check("scalar_tensor", 3.5, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_mse_loss_and_backward(reduction):
+    x, t = rnd(4, 5), rnd(4, 5)
+    check("mse_loss", x, t, reduction)
+    grad = rnd(4, 5) if reduction == 0 else torch.tensor(0.7)
+    check("mse_loss_backward", grad, x, t, reduction)

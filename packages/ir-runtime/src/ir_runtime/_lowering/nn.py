@@ -307,3 +307,23 @@ def _adaptive_avg_pool2d(node, x):
         .mean(axis=(-3, -1))
         .astype(out_dtype(node))
     )
+
+
+@register("aten::mse_loss.default")
+def _mse_loss(node, x, target):
+    dt = out_dtype(node)
+    diff = x.astype(dt) - target.astype(dt)
+    losses = diff * diff
+    reduction = _REDUCTION[node.attrs.get("reduction", 1)]
+    if reduction == "none":
+        return losses
+    return jnp.mean(losses) if reduction == "mean" else jnp.sum(losses)
+
+
+@register("aten::mse_loss_backward.default")
+def _mse_loss_backward(node, grad, x, target):
+    dt = out_dtype(node)
+    scale = 2.0 / x.size if _REDUCTION[node.attrs.get("reduction", 1)] == "mean" else 2.0
+    return (grad.astype(dt) * (x.astype(dt) - target.astype(dt)) * jnp.asarray(scale, dt)).astype(
+        dt
+    )
