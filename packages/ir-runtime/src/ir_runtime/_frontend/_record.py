@@ -215,7 +215,10 @@ def _generate(plan: Plan):
         "    attrs = {}",
         "    lifted = None",
     ]
+    from ir_runtime._frontend._tensor import LazyTensor
+
     env = {
+        "LAZY": LazyTensor,
         "OP": plan.op,
         "MISSING": _MISSING,
         "NUMBERS": _NUMBERS,
@@ -231,7 +234,9 @@ def _generate(plan: Plan):
         lines.append(f"    v = args[{k}] if n > {k} else kwargs.get({name!r}, {d})")
         body = {
             TENSOR: [
-                "if type(v) in NUMBERS:",
+                "if type(v) is LAZY:",
+                "    v = v._ir",
+                "elif type(v) in NUMBERS:",
                 "    v = scalar_leaf(v, number_dtype(v, float_dtype(args)))",
                 "else:",
                 "    v = as_value(v)",
