@@ -26,7 +26,7 @@ aten = torch.ops.aten
 # Every lazy tensor, in creation order (weak references), so mark_step finds the live ones with
 # pending work in the same order every step: a program's outputs are in that order.
 _LIVE: list = []
-_compact_at = [100_000]  # drop dead references when the list grows past this
+_compact_at = [10_000]  # drop dead references when the list grows past this
 
 
 def live() -> list:
@@ -67,7 +67,7 @@ class LazyTensor(torch.Tensor):
             t._placed = value.node.sharding
         _LIVE.append(weakref.ref(t))
         if len(_LIVE) > _compact_at[0]:
-            _compact_at[0] = max(100_000, 2 * len(live()))
+            _compact_at[0] = max(10_000, 2 * len(live()))
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl
