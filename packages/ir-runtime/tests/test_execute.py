@@ -153,3 +153,22 @@ def test_a_transposed_product_is_computed_as_the_swapped_product(op, attrs):
     r1, r2 = irt.execute([out, other])
     np.testing.assert_allclose(irt.to_host(r1), (a @ b).T, rtol=1e-5)
     np.testing.assert_allclose(irt.to_host(r2), -(a @ b), rtol=1e-5)
+
+
+def test_out_shardings_pin_results_and_key_the_cache():
+    mesh = Mesh(range(8), (4, 2), ("data", "model"))
+    rows, cols = ShardingSpec(mesh, ("data", None)), ShardingSpec(mesh, (None, "model"))
+    x = leaf(np.arange(32, dtype=np.float32).reshape(8, 4))
+    y = Value(Generic("aten::mul.Scalar", [x], [x.shape], {"other": 2.0}))
+    irt.CACHE.clear()
+    irt.reset_metrics()
+    (a,) = irt.execute([y], out_shardings=[rows])
+    (b,) = irt.execute([y], out_shardings=[cols])
+    (c,) = irt.execute([y], out_shardings=[rows])
+    assert (a.sharding, b.sharding, c.sharding) == (rows, cols, rows)
+    assert irt.metrics()["counters"]["CompileCount"] == 2
+    np.testing.assert_array_equal(irt.to_host(b), np.arange(32).reshape(8, 4) * 2)
+    with pytest.raises(irt.LoweringError, match="out_shardings has 2 entries for 1 roots"):
+        irt.execute([y], out_shardings=[rows, cols])
+    with pytest.raises(ValueError, match=r"has 1 entries but root 0 \(float32\[8,4\]\) has rank 2"):
+        irt.execute([y], out_shardings=[ShardingSpec(mesh, ("data",))])

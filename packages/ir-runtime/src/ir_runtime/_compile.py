@@ -36,20 +36,41 @@ def _roots(roots) -> list:
     return out
 
 
+def _pins(pins, roots):
+    """``execute``'s ``out_shardings``: None, or one ShardingSpec (or None) per root."""
+    if pins is None:
+        return None
+    pins = tuple(pins)
+    if len(pins) != len(roots):
+        raise LoweringError(
+            f"out_shardings has {len(pins)} entries for {len(roots)} roots; give one per root"
+        )
+    for k, (spec, r) in enumerate(zip(pins, roots, strict=True)):
+        if spec is not None:
+            specs_of(spec)  # a ShardingSpec, or a clear error
+            spec.check_rank(r.shape.rank, f"root {k} ({r.shape})")
+    return pins if any(p is not None for p in pins) else None
+
+
 class _Graph:
     """One graph prepared for lowering: its post-order, parameters and program devices.
 
     Finding a cached program needs only the device ids; the full ``Program`` (which checks every
     sharding) is built on a miss, when the graph is compiled."""
 
-    def __init__(self, roots):
+    def __init__(self, roots, pins=None):
         self.roots = _roots(roots)
+        self.pins = _pins(pins, self.roots)
         self.order = post_order(self.roots)
         self.params = [n for n in self.order if type(n) is DeviceData]
         self._program = None
         self.mesh = None
         self.device_ids = _DEFAULT
-        for n in self.order:
+        for spec in self.pins or ():
+            if spec is not None:
+                self.mesh, self.device_ids = spec.mesh, spec.mesh.device_ids
+                break
+        for n in self.order if self.mesh is None else ():
             if n.sharding is not None:
                 specs = specs_of(n.sharding)
                 if specs:
@@ -67,15 +88,15 @@ class _Graph:
         return [self.program.jax_sharding(self._single(p)) for p in self.params]
 
     def out_shardings(self):
-        # None lets XLA choose; a root's own annotation pins its result there.
+        # A pin given to execute, else the root's own annotation; None lets XLA choose.
         outs = []
-        for r in self.roots:
-            specs = r.node.sharding
-            if specs is None:
-                outs.append(None)
-            else:
-                spec = specs.specs[r.index] if hasattr(specs, "specs") else specs
-                outs.append(None if spec is None else self.program.jax_sharding(spec))
+        for k, r in enumerate(self.roots):
+            spec = self.pins[k] if self.pins else None
+            if spec is None:
+                specs = r.node.sharding
+                if specs is not None:
+                    spec = specs.specs[r.index] if hasattr(specs, "specs") else specs
+            outs.append(None if spec is None else self.program.jax_sharding(spec))
         return outs
 
     def _single(self, node):
@@ -266,11 +287,16 @@ class CompileCache:
         self._lock = threading.Lock()
 
     def _key(self, roots, g: _Graph, donate: tuple):
-        return (graph_hash(roots), donate, g.device_ids, _ENV, jax.config.jax_enable_x64)
+        pins = (
+            None
+            if g.pins is None
+            else tuple(None if p is None else p.canonical_bytes() for p in g.pins)
+        )
+        return (graph_hash(roots), donate, pins, g.device_ids, _ENV, jax.config.jax_enable_x64)
 
-    def get(self, roots, donate=()) -> tuple[Executable, _Graph]:
+    def get(self, roots, donate=(), out_shardings=None) -> tuple[Executable, _Graph]:
         start = time.perf_counter()
-        g = _Graph(roots)
+        g = _Graph(roots, out_shardings)
         donate = _donate_indices(g, donate)
         key = self._key(g.roots, g, donate)
         fingerprint = graph_fingerprint(g.roots)
@@ -358,18 +384,21 @@ def _place(p: DeviceData, sharding):
     return jax.device_put(host, sharding)
 
 
-def compile(roots, donate=()) -> Executable:
+def compile(roots, donate=(), out_shardings=None) -> Executable:
     """The compiled program of the graph of ``roots``, from the cache when it is there."""
-    return CACHE.get(roots, donate)[0]
+    return CACHE.get(roots, donate, out_shardings)[0]
 
 
-def execute(roots, donate=()) -> list[DeviceData]:
+def execute(roots, donate=(), out_shardings=None) -> list[DeviceData]:
     """Run the graph of ``roots``; one ``DeviceData`` per root, holding its result.
 
     Args:
         roots: a ``Value`` or a list of them.
         donate: parameters (``DeviceData`` nodes of the graph) whose buffers the program may
             reuse for its results; their handles are invalid afterwards.
+        out_shardings: None, or one ShardingSpec (or None) per root: where its result must
+            land, as a root's own annotation would say, without cloning the root. Part of the
+            cache key.
 
     Returns:
         ``DeviceData`` nodes whose handle is the result's ``jax.Array`` and whose sharding is
@@ -379,7 +408,7 @@ def execute(roots, donate=()) -> list[DeviceData]:
         UnsupportedOpError, LoweringError, CompileError, ExecutionError. Inputs are untouched by
         any of them, except donated buffers once the program has started.
     """
-    exe, g = CACHE.get(roots, donate)
+    exe, g = CACHE.get(roots, donate, out_shardings)
     arrays = [_place(p, s) for p, s in zip(g.params, exe.in_shardings, strict=True)]
     if exe.donate:
         _metrics.count("DonatedBuffers", len(exe.donate))

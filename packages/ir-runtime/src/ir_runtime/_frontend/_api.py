@@ -39,9 +39,9 @@ def to_lazy(x):
         for module in x.modules():
             for name, p in list(module._parameters.items()):
                 if p is not None and not isinstance(p, LazyTensor):
-                    module._parameters[name] = torch.nn.Parameter(
-                        _lazy_tensor(p.data), requires_grad=p.requires_grad
-                    )
+                    param = torch.nn.Parameter(_lazy_tensor(p.data), requires_grad=p.requires_grad)
+                    param._view = None  # Parameter detaches a temporary: no base to write to
+                    module._parameters[name] = param
             for name, b in list(module._buffers.items()):
                 if b is not None and not isinstance(b, LazyTensor):
                     module._buffers[name] = _lazy_tensor(b)

@@ -6,13 +6,13 @@ import jax
 import numpy as np
 import torch
 
-from ir_core import DeviceData, Value, post_order, relink
+from ir_core import DeviceData, Value, post_order
 from ir_runtime import _metrics
 from ir_runtime._compile import execute
 from ir_runtime._frontend import _rng
 from ir_runtime._frontend._record import IR_TO_TORCH
 from ir_runtime._frontend._tensor import LazyTensor, live
-from ir_sharding import ShardingSpec, TupleSharding, with_sharding
+from ir_sharding import ShardingSpec, TupleSharding
 
 
 def _pending(t: LazyTensor) -> bool:
@@ -46,38 +46,36 @@ def _mesh_of(tensors):
 
 
 def _pin(tensors):
-    """Roots for ``tensors``, each result pinned to its tensor's placement so the next step's
-    graph is the same program; pinned nodes are relinked into the graph."""
-    roots, seen = [], {}
-    wanted: dict = {}  # node -> {output index: spec}
+    """Roots for ``tensors``, and where each result must land: its tensor's placement, so the
+    next step's graph is the same program."""
+    roots, seen, pins, rank = [], {}, [], []
     mesh = _mesh_of(tensors)
     for t in tensors:
         v = t._ir
         key = (id(v.node), v.index)
-        if key not in seen:
-            seen[key] = len(roots)
+        k = seen.get(key)
+        if k is None:
+            k = seen[key] = len(roots)
             roots.append(v)
-        spec = _target(t, mesh)
-        if spec is not None:
-            current = v.node.sharding
-            if isinstance(current, TupleSharding):
-                current = current.specs[v.index]
-            if current is None:
-                wanted.setdefault(v.node, {})[v.index] = spec
-    if wanted:
-        replacements = {}
-        for node, specs in wanted.items():
-            clone = node
-            for index, spec in specs.items():
-                clone = with_sharding(Value(clone, index), spec).node
-            replacements[node] = clone
-        roots = relink(roots, replacements)
-    return roots, seen
+            pins.append(None)
+            rank.append(0)
+        # Several tensors can hold one value (aliases): an annotation beats a past placement.
+        r = 3 if t._spec is not None else 2 if t._placed is not None else 1 if t._held else 0
+        if r > rank[k]:
+            rank[k] = r
+            pins[k] = _target(t, mesh)
+    for k, v in enumerate(roots):
+        current = v.node.sharding
+        if isinstance(current, TupleSharding):
+            current = current.specs[v.index]
+        if current is not None:
+            pins[k] = None  # the node says it already
+    return roots, seen, pins
 
 
 def _run(tensors) -> None:
-    roots, position = _pin(tensors)
-    results = execute(roots)
+    roots, position, pins = _pin(tensors)
+    results = execute(roots, out_shardings=pins)
     for t in tensors:
         data = results[position[(id(t._ir.node), t._ir.index)]]
         t._ir = Value(data)
