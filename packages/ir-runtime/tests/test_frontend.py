@@ -205,3 +205,14 @@ def test_tensors_no_longer_alive_are_not_computed():
     # x, the 0-d input holding 1.0, and the add: nothing of the dropped tensor.
     assert irt.metrics()["timers"]["GraphNodes"]["last"] == 3
     assert torch.equal(irt.to_torch(kept), torch.full((3,), 2.0))
+
+
+def test_in_place_ops_keep_torchs_rules():
+    t = irt.to_lazy(torch.arange(4))  # int64
+    with pytest.raises(RuntimeError, match="can't be cast|not possible"):  # meta's wording
+        t.add_(1.5)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        irt.to_lazy(torch.ones(3)).add_(irt.to_lazy(torch.ones(2, 3)))
+    assert torch.equal(irt.to_torch(t), torch.arange(4))  # the failed op changed nothing
+    t.add_(2)
+    assert torch.equal(irt.to_torch(t), torch.arange(4) + 2)

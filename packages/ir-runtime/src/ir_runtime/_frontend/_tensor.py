@@ -243,6 +243,23 @@ def _out_variant(func, args, kwargs):
     raise UnsupportedOpError(f"{func} has no functional form the lazy device can record")
 
 
+_INPLACE_CHECKED: set = set()
+
+
+def _signature(x):
+    """What an in-place op's validity depends on: tensors by shape and dtype, numbers by
+    type, anything else by value."""
+    if type(x) is LazyTensor:
+        return x._ir.shape
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype)
+    if type(x) in (float, int, bool):
+        return type(x)
+    if isinstance(x, (list, tuple)):
+        return tuple(map(_signature, x))
+    return x
+
+
 def _inplace(func, args, kwargs):
     if "out" in kwargs:
         return _out_variant(func, args, kwargs)
@@ -253,9 +270,11 @@ def _inplace(func, args, kwargs):
             f"report it with the model that needs it, or write the op out of place"
         )
     # torch's own checks of the in-place op on meta tensors (a dtype cannot widen in place,
-    # shapes must broadcast into self): the error a CPU user would get.
-    plan = plan_of(func)
-    infer(func, ("in-place", *prepare(plan, args, kwargs, as_value)[0]), args, kwargs)
+    # shapes must broadcast into self): the error a CPU user would get. Once per signature.
+    key = (id(func), *map(_signature, args), *((k, _signature(v)) for k, v in kwargs.items()))
+    if key not in _INPLACE_CHECKED:
+        infer(func, ("in-place", key), args, kwargs)
+        _INPLACE_CHECKED.add(key)
     self = args[0]
     result = dispatch(functional, args, kwargs)
     rebind(self, result._ir)
