@@ -3,6 +3,7 @@ scalars lifted to inputs."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -135,8 +136,6 @@ def scalar_leaf(value, dtype: str) -> Value:
     key = (type(value), value, dtype)
     leaf = _LEAVES.get(key)
     if leaf is None:
-        import ml_dtypes
-
         np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
         if len(_LEAVES) > 4096:
             _LEAVES.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import weakref
 
+import ml_dtypes
 import numpy as np
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
@@ -103,14 +104,11 @@ def as_value(x) -> Value:
             raise UnsupportedOpError(f"a meta tensor {x.shape} reached the lazy device")
         host = x.detach().cpu()
         if host.dtype == torch.bfloat16:
-            data = host.float().numpy().astype(IR_NP["bfloat16"])
+            data = host.float().numpy().astype(ml_dtypes.bfloat16)
         else:
             data = host.numpy()
         return Value(DeviceData(_record.shape_of(host), handle=np.array(data)))
     raise TypeError(f"expected a tensor, got {type(x).__name__}")
-
-
-IR_NP = {"bfloat16": __import__("ml_dtypes").bfloat16}
 
 
 def _wrap_out(layout, node):
