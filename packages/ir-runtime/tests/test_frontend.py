@@ -216,3 +216,18 @@ def test_in_place_ops_keep_torchs_rules():
     assert torch.equal(irt.to_torch(t), torch.arange(4))  # the failed op changed nothing
     t.add_(2)
     assert torch.equal(irt.to_torch(t), torch.arange(4) + 2)
+
+
+def test_metrics_count_decomposed_and_unsupported_ops_and_time_the_trace():
+    irt.reset_metrics()
+    x = irt.to_lazy(torch.randn(4, 4))
+    torch.nn.functional.smooth_l1_loss(x, x * 2.0)  # no rule: torch's decomposition
+    with pytest.raises(irt.UnsupportedOpError):
+        torch.linalg.eig(x)
+    irt.mark_step()
+    irt.mark_step()
+    m = irt.metrics()
+    assert m["counters"]["Decomposed::aten::smooth_l1_loss.default"] == 1
+    assert m["counters"]["Unsupported::aten::linalg_eig.default"] == 1
+    assert m["timers"]["TraceTime"]["count"] >= 1
+    assert "Decomposed::aten::smooth_l1_loss.default: 1" in irt.metrics_report()

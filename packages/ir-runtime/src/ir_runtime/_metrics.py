@@ -22,7 +22,17 @@ COUNTERS = (
     "Reshard",  # device arrays moved to a parameter's sharding
     "DonatedBuffers",
 )
-TIMERS = ("LowerTime", "CompileTime", "ExecuteTime", "GraphNodes", "CacheLookupTime")
+TIMERS = (
+    "LowerTime",
+    "CompileTime",
+    "ExecuteTime",
+    "GraphNodes",
+    "CacheLookupTime",
+    "TraceTime",  # host time between two mark_steps: recording a step
+    "MarkStepTime",
+)
+# Counters named "Decomposed::<op>" count ops that went through torch's decompositions (slow on
+# the tracing path: candidates for a lowering rule); "Unsupported::<op>" ops with neither.
 
 
 def count(name: str, n: int = 1) -> None:

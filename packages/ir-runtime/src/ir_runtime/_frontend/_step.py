@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 import torch
@@ -83,14 +85,22 @@ def _run(tensors) -> None:
         t._held = True
 
 
+_last_step_end = [None]
+
+
 def mark_step() -> None:
     """Run everything the live lazy tensors are waiting for, as one program, and bind each
     tensor to its result. Tensors no longer alive are not computed."""
+    start = time.perf_counter()
+    if _last_step_end[0] is not None:
+        # Host time between two steps: recording the step (and whatever else the loop does).
+        _metrics.record("TraceTime", start - _last_step_end[0])
     tensors = [t for t in live() if _pending(t)]
     _rng.next_step()
     if tensors:
         with _metrics.timed("MarkStepTime"):
             _run(tensors)
+    _last_step_end[0] = time.perf_counter()
 
 
 def materialize(t: LazyTensor) -> DeviceData:

@@ -16,6 +16,7 @@ import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
 
 from ir_core import DeviceData, Generic, Value
+from ir_runtime import _metrics
 from ir_runtime._errors import UnsupportedOpError
 from ir_runtime._frontend import _record
 from ir_runtime._frontend._record import _META, IR_TO_TORCH, Plan, infer, plan_of, prepare
@@ -434,11 +435,13 @@ def dispatch(func, args, kwargs):
     if decomposition is not None:
         out = decomposition(*args, **kwargs)
         if out is not NotImplemented:
+            _metrics.count(f"Decomposed::{plan.op}")  # slow on the hot path: worth a rule?
             return out
     # A composite op (aten.to.dtype, ...) reached here from inside a decomposition.
     out = func.decompose(*args, **kwargs)
     if out is not NotImplemented:
         return out
+    _metrics.count(f"Unsupported::{plan.op}")
     raise UnsupportedOpError(
         f"ATen op {plan.op} has no lowering rule and no decomposition on the lazy device. "
         f"Report it (with the model that needs it); meanwhile compute it on CPU "
