@@ -231,3 +231,22 @@ def test_metrics_count_decomposed_and_unsupported_ops_and_time_the_trace():
     assert m["counters"]["Unsupported::aten::linalg_eig.default"] == 1
     assert m["timers"]["TraceTime"]["count"] >= 1
     assert "Decomposed::aten::smooth_l1_loss.default: 1" in irt.metrics_report()
+
+
+SIBLINGS = [
+    lambda t: (t[0], t[0], t[:, 1]),
+    lambda t: (t.view(-1), t[1:], t.t()),
+    lambda t: (t.detach(), t[2], t[0][1:]),
+]
+
+
+@pytest.mark.parametrize("views", SIBLINGS)
+def test_a_write_through_one_view_shows_in_the_others(views):
+    a = torch.arange(12.0).reshape(3, 4)
+    b = irt.to_lazy(a.clone())
+    va, vb = views(a), views(b)
+    va[0].mul_(10.0)
+    vb[0].mul_(10.0)
+    same(b, a)
+    for lazy_view, eager_view in zip(vb, va, strict=True):
+        same(lazy_view, eager_view)

@@ -56,6 +56,7 @@ class LazyTensor(torch.Tensor):
     _placed = None  # the sharding of the data it last held
     _held = False  # whether it has held data (a parameter, a step's result), not only IR
     _view = None  # (base, view op, its other args, kwargs) when it is a view of a lazy tensor
+    _views = 0  # how many views of it were made: more than one, and a write must refresh them
 
     @staticmethod
     def __new__(cls, value: Value, requires_grad: bool = False):
@@ -144,6 +145,7 @@ def record(func, args, kwargs, plan: Plan | None = None):
     out = LazyTensor.__new__(LazyTensor, Value(node, 0))
     if plan.view:
         out._view = (args[0], func, args[1:], kwargs)
+        args[0]._views += 1
     return out
 
 
@@ -198,7 +200,25 @@ def _write_through(t: LazyTensor) -> None:
                 f"device; write the base tensor instead (or clone the view first)"
             )
         base._ir = value._ir
+        if base._views > 1:
+            _refresh_views(base, written=t)
         t = base
+
+
+def _refresh_views(base: LazyTensor, written: LazyTensor) -> None:
+    """Recompute every other live view of ``base`` (and their views) from its new value, as
+    shared storage would show it; ``written`` already holds its own new value."""
+    stack = [base]
+    while stack:
+        b = stack.pop()
+        for v in live():
+            link = v._view
+            if v is written or link is None or link[0] is not b:
+                continue
+            _, func, rest, kwargs = link
+            v._ir = b._ir if func is None else record(func, (b, *rest), kwargs)._ir
+            if v._views:
+                stack.append(v)
 
 
 _RESHAPES = frozenset(
@@ -345,6 +365,7 @@ def _same_value(func, args, kwargs):
     out = wrap(args[0]._ir)
     if func is not aten.clone.default and func is not aten.contiguous.default:
         out._view = (args[0], None, (), {})  # detach and alias share the tensor's storage
+        args[0]._views += 1
     return out
 
 
