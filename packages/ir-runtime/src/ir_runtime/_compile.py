@@ -17,7 +17,7 @@ from ir_runtime import _metrics
 from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._errors import CompileError, ExecutionError, LoweringError, RuntimeIRError
 from ir_runtime._lowering import rule_for
-from ir_runtime._placement import Program, spec_from_jax, specs_of
+from ir_runtime._placement import Program, spec_at, spec_from_jax, specs_of
 
 _DEFAULT = ()  # device ids of a graph with no sharding: the default device
 # What else changes an executable. XLA reads its flags once, when the backend starts.
@@ -71,12 +71,10 @@ class _Graph:
                 self.mesh, self.device_ids = spec.mesh, spec.mesh.device_ids
                 break
         for n in self.order if self.mesh is None else ():
-            if n.sharding is not None:
-                specs = specs_of(n.sharding)
-                if specs:
-                    self.mesh = specs[0].mesh
-                    self.device_ids = self.mesh.device_ids
-                    break
+            specs = specs_of(n.sharding)
+            if specs:
+                self.mesh, self.device_ids = specs[0].mesh, specs[0].mesh.device_ids
+                break
 
     @property
     def program(self) -> Program:
@@ -85,7 +83,7 @@ class _Graph:
         return self._program
 
     def in_shardings(self):
-        return [self.program.jax_sharding(self._single(p)) for p in self.params]
+        return [self.program.jax_sharding(spec_at(p.sharding, 0)) for p in self.params]
 
     def out_shardings(self):
         # A pin given to execute, else the root's own annotation; None lets XLA choose.
@@ -93,15 +91,9 @@ class _Graph:
         for k, r in enumerate(self.roots):
             spec = self.pins[k] if self.pins else None
             if spec is None:
-                specs = r.node.sharding
-                if specs is not None:
-                    spec = specs.specs[r.index] if hasattr(specs, "specs") else specs
+                spec = spec_at(r.node.sharding, r.index)
             outs.append(None if spec is None else self.program.jax_sharding(spec))
         return outs
-
-    def _single(self, node):
-        specs = specs_of(node.sharding)
-        return specs[0] if specs else None
 
     def abstract_params(self):
         shardings = self.in_shardings()
@@ -200,11 +192,9 @@ def _lower_node(n, operands, program):
                 f"the rule for {n.op!r} gave output {k} as {name_of(o.dtype)}{list(o.shape)}, "
                 f"but the node says {s}; the rule or the front end's shape inference is wrong"
             )
-        if n.sharding is not None:
-            specs = specs_of(n.sharding)
-            spec = n.sharding.specs[k] if hasattr(n.sharding, "specs") else specs[0]
-            if spec is not None:
-                o = jax.lax.with_sharding_constraint(o, program.jax_sharding(spec))
+        spec = spec_at(n.sharding, k)
+        if spec is not None:
+            o = jax.lax.with_sharding_constraint(o, program.jax_sharding(spec))
         checked.append(o)
     return tuple(checked)
 

@@ -16,10 +16,9 @@ def to_device(array, sharding=None) -> DeviceData:
     ``ShardingSpec``; None: the default device)."""
     a = np.asarray(array)
     shape = Shape(name_of(a.dtype), a.shape)
-    node = DeviceData(shape, sharding=sharding)
-    program = Program([node])
     if sharding is not None:
         sharding.check_rank(a.ndim, f"the array {shape}")
+    program = Program.of((), None if sharding is None else sharding.mesh)
     _metrics.count("TransferToDevice")
     return DeviceData(
         shape, handle=jax.device_put(a, program.jax_sharding(sharding)), sharding=sharding

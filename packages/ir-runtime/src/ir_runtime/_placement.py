@@ -25,6 +25,13 @@ def specs_of(sharding) -> list:
     )
 
 
+def spec_at(sharding, index: int):
+    """The ShardingSpec of output ``index`` of a node whose annotation is ``sharding``."""
+    if isinstance(sharding, TupleSharding):
+        return sharding.specs[index]
+    return specs_of(sharding)[0] if sharding is not None else None
+
+
 _PROGRAMS: dict = {}  # first mesh -> Program, reused from step to step
 
 
@@ -37,17 +44,9 @@ class Program:
 
     @staticmethod
     def of(nodes, mesh):
-        """The Program of a graph whose first mesh is ``mesh`` (None: no sharding), after
-        checking every sharding in it is over one device set."""
-        Program._check(nodes)
-        program = _PROGRAMS.get(mesh)
-        if program is None:
-            program = _PROGRAMS[mesh] = Program(nodes)
-        return program
-
-    @staticmethod
-    def _check(nodes):
-        ids = None
+        """The Program over ``mesh`` (None: no sharding), after checking that every sharding
+        in ``nodes`` is over the same devices."""
+        ids = None if mesh is None else set(mesh.device_ids)
         for n in nodes:
             for spec in specs_of(n.sharding):
                 if ids is None:
@@ -58,19 +57,12 @@ class Program:
                         f"{sorted(spec.mesh.device_ids)} (from {n!r}); every sharding in a "
                         f"program must be over the same devices"
                     )
+        program = _PROGRAMS.get(mesh)
+        if program is None:
+            program = _PROGRAMS[mesh] = Program(mesh)
+        return program
 
-    def __init__(self, nodes):
-        mesh = None
-        for n in nodes:
-            for spec in specs_of(n.sharding):
-                if mesh is None:
-                    mesh = spec.mesh
-                elif set(spec.mesh.device_ids) != set(mesh.device_ids):
-                    raise LoweringError(
-                        f"one graph uses two device sets: {sorted(mesh.device_ids)} and "
-                        f"{sorted(spec.mesh.device_ids)} (from {n!r}); every sharding in a "
-                        f"program must be over the same devices"
-                    )
+    def __init__(self, mesh):
         self.mesh = mesh
         by_id = device_by_id()
         if mesh is None:

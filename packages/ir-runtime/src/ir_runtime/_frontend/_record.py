@@ -291,7 +291,3 @@ def _generate(plan: Plan):
     namespace: dict = {}
     exec("\n".join(lines), env, namespace)
     return namespace["prepare"]
-
-
-def shape_of_lazy(t) -> Shape:
-    return Shape(ir_dtype(t.dtype), tuple(t.shape))

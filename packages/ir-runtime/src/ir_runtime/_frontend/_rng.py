@@ -61,7 +61,7 @@ def bernoulli_mask(x, p: float):
 
 
 def random_like(func, t, args, kwargs):
-    shape = _record.shape_of_lazy(t)
+    shape = _record.shape_of(t)
     name = func._schema.name
     if name == "aten::uniform_":
         low = args[0] if args else kwargs.get("from", 0.0)

@@ -14,7 +14,8 @@ from ir_runtime._compile import execute
 from ir_runtime._frontend import _rng
 from ir_runtime._frontend._record import IR_TO_TORCH
 from ir_runtime._frontend._tensor import LazyTensor, live
-from ir_sharding import ShardingSpec, TupleSharding
+from ir_runtime._placement import spec_at, specs_of
+from ir_sharding import ShardingSpec
 
 
 def _pending(t: LazyTensor) -> bool:
@@ -39,11 +40,9 @@ def _mesh_of(tensors):
             if spec is not None:
                 return spec.mesh
     for n in post_order([t._ir for t in tensors]):
-        s = n.sharding
-        if isinstance(s, TupleSharding):
-            s = next((x for x in s.specs if x is not None), None)
-        if s is not None:
-            return s.mesh
+        specs = specs_of(n.sharding)
+        if specs:
+            return specs[0].mesh
     return None
 
 
@@ -67,10 +66,7 @@ def _pin(tensors):
             rank[k] = r
             pins[k] = _target(t, mesh)
     for k, v in enumerate(roots):
-        current = v.node.sharding
-        if isinstance(current, TupleSharding):
-            current = current.specs[v.index]
-        if current is not None:
+        if spec_at(v.node.sharding, v.index) is not None:
             pins[k] = None  # the node says it already
     return roots, seen, pins
 
