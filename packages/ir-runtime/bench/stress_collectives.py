@@ -1,6 +1,8 @@
 """Run many sharded SGD steps with collectives on 8 virtual CPU devices; report how long.
 
-    python stress_collectives.py --steps 1000                 # through ir_runtime.execute
+    python stress_collectives.py --steps 1000                 # through ir_runtime.execute:
+                                                              # one program in flight while
+                                                              # the host builds the next step
     python stress_collectives.py --steps 1000 --raw           # the compiled program back to
                                                               # back, waiting for each step
     python stress_collectives.py --steps 300 --raw --no-sync  # the same without waiting

@@ -249,21 +249,48 @@ class Executable:
 
     def run(self, arrays: list) -> list:
         start = time.perf_counter()
+        if self.sync:
+            settle()
         try:
             outs = self.compiled(*arrays)
-            if self.sync and outs:
-                # XLA's CPU collectives deadlock when executions overlap (ANCHORS.md): never
-                # launch a collective program while the previous one still runs. One
-                # execution's results become ready together, so waiting on one is enough.
-                outs[0].block_until_ready()
-                _metrics.count("CollectiveSync")
         except Exception as e:
             raise ExecutionError(
                 f"the program failed on the device: {type(e).__name__}: {e}"
             ) from e
+        if self.sync and outs:
+            _IN_FLIGHT[0] = outs[0]
         _metrics.record("ExecuteTime", time.perf_counter() - start)
         _metrics.count("ExecuteCount")
         return outs
+
+
+# XLA's CPU collectives deadlock when several executions of collective programs overlap
+# (ANCHORS.md): at most one may be in flight. Its first result is kept here; the next
+# collective program, or a reshard, waits for it before it starts. One execution's results
+# become ready together, so waiting on one is enough. The host meanwhile traces the next step.
+_IN_FLIGHT: list = [None]
+
+
+def settle() -> None:
+    """Wait for the collective program still running on CPU devices, if there is one."""
+    a = _IN_FLIGHT[0]
+    if a is None:
+        return
+    _IN_FLIGHT[0] = None
+    _metrics.count("CollectiveSync")
+    try:
+        if not a.is_deleted():
+            a.block_until_ready()
+    except Exception as e:
+        raise ExecutionError(
+            f"the previous program failed on the device: {type(e).__name__}: {e}"
+        ) from e
+
+
+def reshard(h, sharding):
+    """``h`` moved to ``sharding`` by jax, once no collective program is running."""
+    settle()
+    return jax.device_put(h, sharding)
 
 
 class CompileCache:
@@ -356,7 +383,7 @@ def _place(p: DeviceData, sharding):
         # An equivalent placement is relabeled without a copy; the exact sharding keeps jax on
         # its fast call path.
         _metrics.count("Relabel" if same else "Reshard")
-        return jax.device_put(h, sharding)
+        return reshard(h, sharding)
     expected = to_numpy_dtype(p.shape.dtype)
     host = np.asarray(h, dtype=expected)
     if host.ndim == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ir_core import DeviceData, Value, dump_dot, dump_text, relink
-from ir_runtime._compile import lower
+from ir_runtime._compile import lower, reshard
 from ir_runtime._data import to_device
 from ir_runtime._frontend._tensor import LazyTensor, as_value, live
 from ir_sharding import Mesh, ShardingError, ShardingSpec, with_sharding
@@ -71,9 +71,7 @@ def _annotate(t: LazyTensor, spec) -> None:
             handle = node.handle
             placed = handle
             if handle is not None:
-                import jax
-
-                placed = jax.device_put(handle, spec.to_jax())
+                placed = reshard(handle, spec.to_jax())
             new = DeviceData(node.shape, handle=placed, sharding=spec)
         t._ir = Value(new, v.index)
         t._placed = spec
