@@ -180,6 +180,21 @@ def infer(func, key, args, kwargs):
 
 _FLOATS = frozenset(("float16", "bfloat16", "float32", "float64"))
 _NUMBERS = (float, int, bool)
+_PLAIN = frozenset((type(None), bool, int, float, str))  # attributes that are their own value
+_NUMBER_LEAVES: dict = {}
+
+
+def number_leaf(v, args) -> Value:
+    """A Python number passed for a Tensor argument: a lifted 0-d leaf, floats in the dtype of
+    the op's first floating tensor. One dict lookup once seen."""
+    fd = _float_dtype(args)
+    key = (type(v), v, fd)
+    leaf = _NUMBER_LEAVES.get(key)
+    if leaf is None:
+        if len(_NUMBER_LEAVES) > 4096:
+            _NUMBER_LEAVES.clear()
+        leaf = _NUMBER_LEAVES[key] = scalar_leaf(v, _number_dtype(v, fd))
+    return leaf
 
 
 def _float_dtype(args):
@@ -222,8 +237,9 @@ def _generate(plan: Plan):
         "MISSING": _MISSING,
         "NUMBERS": _NUMBERS,
         "SPECIAL": _SPECIAL,
+        "PLAIN": _PLAIN,
         "scalar_leaf": scalar_leaf,
-        "number_dtype": _number_dtype,
+        "number_leaf": number_leaf,
         "float_dtype": _float_dtype,
         "attr_value": attr_value,
     }
@@ -236,13 +252,17 @@ def _generate(plan: Plan):
                 "if type(v) is LAZY:",
                 "    v = v._ir",
                 "elif type(v) in NUMBERS:",
-                "    v = scalar_leaf(v, number_dtype(v, float_dtype(args)))",
+                "    v = number_leaf(v, args)",
                 "else:",
                 "    v = as_value(v)",
                 "operands.append(v)",
                 "key.append(v.shape)",
             ],
-            OTHER: ["a = attr_value(v)", f"attrs[{name!r}] = a", f"key.append(({name!r}, a))"],
+            OTHER: [
+                "a = v if type(v) in PLAIN else attr_value(v)",
+                f"attrs[{name!r}] = a",
+                f"key.append(({name!r}, a))",
+            ],
             SCALAR: [
                 "fd = float_dtype(args) if LIFT and type(v) is float and v not in SPECIAL "
                 "else None",
@@ -252,7 +272,7 @@ def _generate(plan: Plan):
                 "    lifted[1].append(scalar_leaf(v, fd))",
                 f"    key.append({name!r})",
                 "else:",
-                "    a = attr_value(v)",
+                "    a = v if type(v) in PLAIN else attr_value(v)",
                 f"    attrs[{name!r}] = a",
                 f"    key.append(({name!r}, a))",
             ],
