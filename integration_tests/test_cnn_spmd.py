@@ -37,21 +37,30 @@ def batches():
     ]
 
 
+LOSS = torch.nn.functional.cross_entropy
+
+
+def make_optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def shard(model, mode):
+    if mode == "channels":  # conv weights split on their output channels
+        irt.mark_sharding(model[0].weight, MESH, ("model", None, None, None))
+        irt.mark_sharding(model[4].weight, MESH, ("model", None, None, None))
+
+
 @pytest.mark.parametrize("mode", ["batch", "channels"])
 def test_cnn_matches_torch_eager(mode):
     eager = make_model()
     lazy = irt.to_lazy(copy.deepcopy(eager))
-    if mode == "channels":
-        irt.mark_sharding(lazy[0].weight, MESH, ("model", None, None, None))
-        irt.mark_sharding(lazy[4].weight, MESH, ("model", None, None, None))
-    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
-    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.05, momentum=0.9)
+    shard(lazy, mode)
+    opt_e, opt_l = make_optimizer(eager), make_optimizer(lazy)
     irt.reset_metrics()
-    ce = torch.nn.functional.cross_entropy
     losses_e, losses_l = [], []
     for x, y in batches():
-        losses_e.append(eager_step(eager, opt_e, ce, x, y))
-        losses_l.append(lazy_step(lazy, opt_l, ce, x, y, MESH).item())
+        losses_e.append(eager_step(eager, opt_e, LOSS, x, y))
+        losses_l.append(lazy_step(lazy, opt_l, LOSS, x, y, MESH).item())
     np.testing.assert_allclose(losses_l, losses_e, rtol=2e-4, atol=1e-5)
     assert_same_parameters(eager, lazy, rtol=1e-3, atol=1e-4)
     for be, bl in zip(eager.buffers(), lazy.buffers(), strict=True):

@@ -28,6 +28,13 @@ def batches():
     ]
 
 
+LOSS = torch.nn.functional.mse_loss
+
+
+def make_optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.05)
+
+
 def shard(model, mode):
     if mode == "data":
         return
@@ -45,15 +52,13 @@ def test_linear_model_matches_torch_eager(mode):
     eager = make_model()
     lazy = irt.to_lazy(copy.deepcopy(eager))
     shard(lazy, mode)
-    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
-    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.05)
+    opt_e, opt_l = make_optimizer(eager), make_optimizer(lazy)
     irt.reset_metrics()
     irt.CACHE.clear()
-    mse = torch.nn.functional.mse_loss
     losses_e, losses_l = [], []
     for x, y in batches():
-        losses_e.append(eager_step(eager, opt_e, mse, x, y))
-        losses_l.append(lazy_step(lazy, opt_l, mse, x, y, MESH).item())
+        losses_e.append(eager_step(eager, opt_e, LOSS, x, y))
+        losses_l.append(lazy_step(lazy, opt_l, LOSS, x, y, MESH).item())
     np.testing.assert_allclose(losses_l, losses_e, rtol=1e-4, atol=1e-6)
     assert_same_parameters(eager, lazy, rtol=1e-4, atol=1e-5)
     assert irt.metrics()["counters"]["CompileCount"] == 1

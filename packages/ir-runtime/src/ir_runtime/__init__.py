@@ -14,11 +14,17 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 from ir_runtime._compile import CACHE, Executable, compile, execute, lower  # noqa: E402
-from ir_runtime._data import to_device, to_host  # noqa: E402
+from ir_runtime._data import (  # noqa: E402
+    GatherWarning,
+    to_device,
+    to_host,
+)
 from ir_runtime._devices import devices, init  # noqa: E402
+from ir_runtime._distributed import process_count, process_index  # noqa: E402
 from ir_runtime._errors import (  # noqa: E402
     CompileError,
     DeviceCountError,
+    DistributedError,
     DTypeError,
     ExecutionError,
     LoweringError,
@@ -29,8 +35,10 @@ from ir_runtime._frontend import (  # noqa: E402
     LazyTensor,
     clear_sharding,
     dump,
+    from_process_local,
     mark_sharding,
     mark_step,
+    process_local_slices,
     to_lazy,
     to_torch,
     visualize_sharding,
@@ -54,8 +62,10 @@ __all__ = [
     "CompileError",
     "DTypeError",
     "DeviceCountError",
+    "DistributedError",
     "Executable",
     "ExecutionError",
+    "GatherWarning",
     "LazyTensor",
     "LoweringError",
     "Mesh",
@@ -66,12 +76,16 @@ __all__ = [
     "devices",
     "dump",
     "execute",
+    "from_process_local",
     "init",
     "lower",
     "mark_sharding",
     "mark_step",
     "metrics",
     "metrics_report",
+    "process_count",
+    "process_index",
+    "process_local_slices",
     "register_lowering",
     "reset_metrics",
     "supported_ops",

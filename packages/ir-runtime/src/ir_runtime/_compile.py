@@ -13,7 +13,8 @@ import numpy as np
 from jax._src.array import ArrayImpl
 
 from ir_core import DeviceData, Shape, Value, graph_fingerprint, graph_hash, post_order
-from ir_runtime import _metrics
+from ir_runtime import _distributed, _metrics
+from ir_runtime._data import put
 from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._errors import CompileError, ExecutionError, LoweringError, RuntimeIRError
 from ir_runtime._lowering import rule_for
@@ -259,6 +260,7 @@ class Executable:
             ) from e
         if self.sync and outs:
             _IN_FLIGHT[0] = outs[0]
+        _distributed.STATE.launched += 1
         _metrics.record("ExecuteTime", time.perf_counter() - start)
         _metrics.count("ExecuteCount")
         return outs
@@ -290,6 +292,14 @@ def settle() -> None:
 def reshard(h, sharding):
     """``h`` moved to ``sharding`` by jax, once no collective program is running."""
     settle()
+    if (
+        isinstance(h, jax.Array)
+        and not sharding.is_fully_addressable
+        and h.sharding.device_set != sharding.device_set
+    ):
+        # Across processes jax moves arrays only between shardings over the same devices: a
+        # process-local array (a parameter before its first step) goes through the host.
+        return put(np.asarray(h), sharding)
     return jax.device_put(h, sharding)
 
 
@@ -395,10 +405,10 @@ def _place(p: DeviceData, sharding):
             if len(_SCALARS) > 4096:
                 _SCALARS.clear()
             _metrics.count("TransferToDevice")
-            placed = _SCALARS[key] = jax.device_put(host, sharding)
+            placed = _SCALARS[key] = put(host, sharding)
         return placed
     _metrics.count("TransferToDevice")
-    return jax.device_put(host, sharding)
+    return put(host, sharding)
 
 
 def compile(roots, donate=(), out_shardings=None) -> Executable:

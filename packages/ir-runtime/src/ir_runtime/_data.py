@@ -2,13 +2,72 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ir_core import DeviceData, Shape
 from ir_runtime import _metrics
 from ir_runtime._dtypes import name_of
 from ir_runtime._placement import Program
+
+
+def put(host: np.ndarray, sharding):
+    """A host array placed on ``sharding``. Over devices of several processes, each process
+    places only the blocks its own devices hold (every process passes the same array)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(host, sharding)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+_GATHERS: dict = {}  # replicated sharding -> the jitted identity that gathers onto it
+_warned = [False]
+
+
+def fetch(handle) -> np.ndarray:
+    """The value of a parameter's handle as numpy. An array sharded across processes is first
+    gathered: an all-gather between processes, which every process must join at the same point,
+    and which brings the whole array to each of them."""
+    if isinstance(handle, jax.Array) and not (
+        handle.is_fully_addressable or handle.is_fully_replicated
+    ):
+        handle = _gather(handle)
+    return np.asarray(jax.device_get(handle))
+
+
+def _gather(a):
+    from ir_runtime._compile import settle
+
+    nbytes = a.size * a.dtype.itemsize
+    if not _warned[0]:
+        _warned[0] = True
+        warnings.warn(
+            f"reading an array {a.dtype}{list(a.shape)} sharded across "
+            f"{jax.process_count()} processes: every process must read it at the same point "
+            f"(an all-gather between processes) and each receives all of it ({nbytes} bytes). "
+            f"Read replicated results (a loss) or gather once, after training; the metrics "
+            f"count every gather (CrossProcessGather, CrossProcessGatherBytes)",
+            GatherWarning,
+            stacklevel=4,
+        )
+    mesh = a.sharding.mesh if isinstance(a.sharding, NamedSharding) else None
+    if mesh is None:
+        flat = np.array(sorted(a.sharding.device_set, key=lambda d: d.id), dtype=object)
+        mesh = jax.sharding.Mesh(flat, ("devices",))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    identity = _GATHERS.get(replicated)
+    if identity is None:
+        identity = _GATHERS[replicated] = jax.jit(lambda x: x, out_shardings=replicated)
+    settle()  # a collective program: never beside another one (ANCHORS.md)
+    _metrics.count("CrossProcessGather")
+    _metrics.count("CrossProcessGatherBytes", nbytes)
+    return identity(a).addressable_data(0)
+
+
+class GatherWarning(UserWarning):
+    """Reading a tensor sharded across processes: a collective every process must join."""
 
 
 def to_device(array, sharding=None) -> DeviceData:
@@ -20,12 +79,10 @@ def to_device(array, sharding=None) -> DeviceData:
         sharding.check_rank(a.ndim, f"the array {shape}")
     program = Program.of((), None if sharding is None else sharding.mesh)
     _metrics.count("TransferToDevice")
-    return DeviceData(
-        shape, handle=jax.device_put(a, program.jax_sharding(sharding)), sharding=sharding
-    )
+    return DeviceData(shape, handle=put(a, program.jax_sharding(sharding)), sharding=sharding)
 
 
 def to_host(data: DeviceData) -> np.ndarray:
     """The array a ``DeviceData`` holds, as numpy."""
     _metrics.count("TransferToHost")
-    return np.asarray(jax.device_get(data.handle))
+    return fetch(data.handle)

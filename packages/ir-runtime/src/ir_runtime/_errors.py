@@ -27,3 +27,7 @@ class ExecutionError(RuntimeIRError, RuntimeError):
 
 class DTypeError(RuntimeIRError, TypeError):
     """A dtype XLA cannot take on this backend."""
+
+
+class DistributedError(RuntimeIRError, RuntimeError):
+    """Bad arguments for a run across processes, or joining one at the wrong time."""

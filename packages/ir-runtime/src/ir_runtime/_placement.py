@@ -6,7 +6,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from ir_runtime._devices import device_by_id, devices
+from ir_runtime._devices import device_by_id, ordinal
 from ir_runtime._errors import LoweringError
 from ir_sharding import Mesh, ShardingKind, ShardingSpec, TupleSharding
 
@@ -66,7 +66,9 @@ class Program:
         self.mesh = mesh
         by_id = device_by_id()
         if mesh is None:
-            self.device_ids = (devices()[0].id,)
+            # This process's first device: in several processes, each runs an unsharded
+            # graph on its own.
+            self.device_ids = (ordinal(jax.local_devices()[0]),)
         else:
             missing = [d for d in mesh.device_ids if d not in by_id]
             if missing:
@@ -117,14 +119,14 @@ def spec_from_jax(sharding, ndim: int, program: Program):
     hlo = sharding._to_xla_hlo_sharding(ndim)
     assignment = list(sharding._device_assignment)
     if hlo.is_replicated():
-        ids = {d.id for d in assignment}
+        ids = {ordinal(d) for d in assignment}
         if ids == set(program.device_ids):
             return None
         return ShardingSpec.replicated(Mesh(sorted(ids), (len(ids),), ("devices",)))
     if hlo.is_maximal():
         return ShardingSpec.maximal(
             Mesh(program.device_ids, (len(program.device_ids),), ("devices",)),
-            assignment[hlo.get_unique_device()].id,
+            ordinal(assignment[hlo.get_unique_device()]),
         )
     if hlo.is_manual():
         return ShardingSpec.manual(
@@ -133,7 +135,7 @@ def spec_from_jax(sharding, ndim: int, program: Program):
     proto = hlo.to_proto()
     dims = list(proto.tile_assignment_dimensions)
     order = hlo.tile_assignment_devices()
-    ids = [assignment[k].id for k in order]
+    ids = [ordinal(assignment[k]) for k in order]
     names = [f"t{k}" for k in range(len(dims))]
     replicated_last = bool(proto.replicate_on_last_tile_dim) or bool(proto.last_tile_dims)
     spec = tuple(names[:ndim]) if not replicated_last else tuple(names[: len(dims) - 1])

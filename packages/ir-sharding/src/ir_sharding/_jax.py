@@ -7,18 +7,29 @@ import numpy as np
 from ir_sharding._errors import ShardingError
 from ir_sharding._spec import ShardingKind, ShardingSpec
 
+_ORDER: list = []  # jax's devices in global order, filled once jax has them
+
+
+def global_devices() -> list:
+    """jax's devices in global order: by process, then by jax id. A mesh's device ids are
+    positions in this list (torch_xla's global ordinals), so one mesh is written the same way in
+    one process or across many; in one process they are jax's own device ids."""
+    if not _ORDER:
+        import jax
+
+        _ORDER.extend(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    return _ORDER
+
 
 def _jax_devices(ids):
-    import jax
-
-    by_id = {d.id: d for d in jax.devices()}
-    missing = [d for d in ids if d not in by_id]
+    order = global_devices()
+    missing = [d for d in ids if not 0 <= d < len(order)]
     if missing:
         raise ShardingError(
-            f"device {missing[0]} of the mesh is not a jax device; jax has devices "
-            f"{sorted(by_id)} (on CPU, ask for more with jax_num_cpu_devices)"
+            f"device {missing[0]} of the mesh does not exist: the global device ids are "
+            f"0..{len(order) - 1} (on CPU, ask for more with jax_num_cpu_devices)"
         )
-    return [by_id[d] for d in ids]
+    return [order[d] for d in ids]
 
 
 def to_jax(spec: ShardingSpec):

@@ -4,7 +4,9 @@ from ir_runtime._frontend import _factories  # noqa: F401  (registers the Lazy-k
 from ir_runtime._frontend._api import (
     clear_sharding,
     dump,
+    from_process_local,
     mark_sharding,
+    process_local_slices,
     to_lazy,
     visualize_sharding,
 )
@@ -15,8 +17,10 @@ __all__ = [
     "LazyTensor",
     "clear_sharding",
     "dump",
+    "from_process_local",
     "mark_sharding",
     "mark_step",
+    "process_local_slices",
     "to_lazy",
     "to_torch",
     "visualize_sharding",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ir_core import DeviceData, Value, dump_dot, dump_text, relink
+from ir_core import DeviceData, Shape, Value, dump_dot, dump_text, relink
+from ir_runtime import _metrics
 from ir_runtime._compile import lower, reshard
 from ir_runtime._data import to_device
+from ir_runtime._dtypes import name_of
 from ir_runtime._frontend._tensor import LazyTensor, as_value, live
 from ir_sharding import Mesh, ShardingError, ShardingSpec, with_sharding
 from ir_sharding import clear_sharding as _clear
@@ -83,6 +85,61 @@ def _annotate(t: LazyTensor, spec) -> None:
     for x, r in zip(readers, relinked, strict=True):
         x._ir = r
     t._ir = Value(clone, v.index)
+
+
+def from_process_local(local, mesh: Mesh, partition_spec, global_shape=None) -> LazyTensor:
+    """A lazy tensor sharded over ``mesh`` as ``partition_spec`` says, built from this
+    process's part of it: each process passes only the rows (blocks) its own devices hold, as
+    ``jax.make_array_from_process_local_data`` takes them. ``process_local_slices`` says which.
+
+    In one process the local part is the whole tensor: the same program runs either way.
+    ``global_shape`` defaults to what the local parts of all processes add up to.
+    """
+    import jax
+
+    spec = ShardingSpec(mesh, partition_spec)
+    if not isinstance(local, torch.Tensor):
+        raise TypeError(f"from_process_local takes a torch.Tensor, got {type(local).__name__}")
+    spec.check_rank(local.dim(), f"the tensor {tuple(local.shape)}")
+    if global_shape is not None:
+        global_shape = tuple(int(d) for d in global_shape)
+        spec.check_rank(len(global_shape), f"global_shape {global_shape}")
+    data = local.detach().cpu()
+    if data.dtype == torch.bfloat16:  # numpy has no bfloat16: the same bits as ml_dtypes'
+        import ml_dtypes
+
+        host = data.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        host = data.numpy()
+    sharding = spec.to_jax()
+    try:
+        array = jax.make_array_from_process_local_data(sharding, host, global_shape)
+    except ValueError as e:
+        raise ShardingError(
+            f"this process's part {tuple(local.shape)} does not fit {spec} with global shape "
+            f"{global_shape}: {e}"
+        ) from e
+    _metrics.count("TransferToDevice")
+    node = DeviceData(Shape(name_of(host.dtype), array.shape), handle=array, sharding=spec)
+    t = LazyTensor(Value(node), requires_grad=local.requires_grad)
+    t._spec = spec
+    return t
+
+
+def process_local_slices(mesh: Mesh, partition_spec, global_shape) -> tuple:
+    """The part of a tensor of ``global_shape`` sharded as ``partition_spec`` that this
+    process's devices hold, as a tuple of slices: what to load and pass to
+    ``from_process_local``."""
+    spec = ShardingSpec(mesh, partition_spec)
+    global_shape = tuple(int(d) for d in global_shape)
+    spec.check_rank(len(global_shape), f"global_shape {global_shape}")
+    index = spec.to_jax().addressable_devices_indices_map(global_shape)
+    out = []
+    for dim, n in enumerate(global_shape):
+        lo = min((idx[dim].indices(n)[0] for idx in index.values()), default=0)
+        hi = max((idx[dim].indices(n)[1] for idx in index.values()), default=n)
+        out.append(slice(lo, hi))
+    return tuple(out)
 
 
 def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 
-import jax
 import numpy as np
 import torch
 
 from ir_core import DeviceData, Value, post_order
 from ir_runtime import _metrics
 from ir_runtime._compile import execute
+from ir_runtime._data import fetch
 from ir_runtime._frontend import _rng
 from ir_runtime._frontend._record import IR_TO_TORCH
 from ir_runtime._frontend._tensor import LazyTensor, live
@@ -112,7 +112,7 @@ def to_torch(t) -> torch.Tensor:
         return t
     data = materialize(t)
     _metrics.count("TransferToHost")
-    host = np.asarray(jax.device_get(data.handle))
+    host = fetch(data.handle)
     dtype = IR_TO_TORCH[data.shape.dtype]
     if dtype == torch.bfloat16:
         return torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)

@@ -1,0 +1,80 @@
+"""Train the integration suite's linear model or CNN over 8 devices: in one process, or as one
+of several processes under ``python -m ir_runtime.launch`` (each loads only its part of every
+batch). Process 0 writes the per-step losses and the final parameters to ``--out``.
+
+    IR_RUNTIME_CPU_DEVICES=8 python spmd_train.py --model linear --mode fsdp --out one.npz
+    python -m ir_runtime.launch --nprocs 2 --cpu-devices 4 spmd_train.py --out two.npz
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+import ir_runtime as irt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def train(model_name: str, mode: str, steps=None, sleep=0.0, log=None):
+    """Per-step losses, final parameters (numpy) and the compile count of one training run.
+    Every process calls it; each feeds only its own part of every batch."""
+    if model_name == "linear":
+        import test_linear_spmd as suite
+    else:
+        import test_cnn_spmd as suite
+    mesh = suite.MESH
+    model = irt.to_lazy(suite.make_model())
+    suite.shard(model, mode)
+    opt = suite.make_optimizer(model)
+    data = suite.batches()
+    irt.reset_metrics()
+    losses = []
+    for k in range(steps or len(data)):
+        x, y = data[k % len(data)]
+        x_spec = ("data",) + (None,) * (x.dim() - 1)
+        y_spec = ("data",) + (None,) * (y.dim() - 1)
+        lx = irt.from_process_local(
+            x[irt.process_local_slices(mesh, x_spec, x.shape)], mesh, x_spec
+        )
+        ly = irt.from_process_local(
+            y[irt.process_local_slices(mesh, y_spec, y.shape)], mesh, y_spec
+        )
+        loss = suite.LOSS(model(lx), ly)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        irt.mark_step()
+        losses.append(loss.item())  # replicated: no gather between processes
+        if log:
+            log(f"step {k} loss {losses[-1]:.6f}")
+        if sleep:
+            time.sleep(sleep)
+    # Every process takes part in gathering a parameter sharded across processes.
+    params = [irt.to_torch(p).numpy() for p in model.parameters()]
+    return losses, params, irt.metrics()["counters"]["CompileCount"]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=["linear", "cnn"], default="linear")
+    parser.add_argument("--mode", default="data")
+    parser.add_argument("--steps", type=int, default=None, help="default: the suite's own")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds between steps")
+    args = parser.parse_args()
+    irt.init()
+    print(f"process {irt.process_index()} of {irt.process_count()}, pid {os.getpid()}", flush=True)
+    losses, params, compiles = train(
+        args.model, args.mode, args.steps, args.sleep, lambda m: print(m, flush=True)
+    )
+    print(f"compiles {compiles}", flush=True)
+    if args.out and irt.process_index() == 0:
+        arrays = {f"p{k}": p for k, p in enumerate(params)}
+        np.savez(args.out, losses=np.array(losses), compiles=compiles, **arrays)
+
+
+if __name__ == "__main__":
+    main()
