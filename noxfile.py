@@ -68,7 +68,11 @@ def bench(session):
     session.run(
         "python", f"{SHARDING}/bench/bench_sharding.py", "--json", ".bench/ir-sharding.json"
     )
-    for name, out in (("bench_runtime", "ir-runtime"), ("bench_frontend", "ir-frontend")):
+    for name, out in (
+        ("bench_runtime", "ir-runtime"),
+        ("bench_frontend", "ir-frontend"),
+        ("bench_multiprocess", "ir-multiprocess"),
+    ):
         session.run("python", f"{RUNTIME}/bench/{name}.py", "--json", f".bench/{out}.json")
 
 

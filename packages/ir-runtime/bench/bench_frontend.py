@@ -33,6 +33,7 @@ import torch  # noqa: E402
 from bench_runtime import jax_step_fn  # noqa: E402
 
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
+BLOCK = 10  # steps per timed block
 
 
 class Bare(torch.Tensor):
@@ -142,15 +143,22 @@ def bench_step(batch, n_in, n_out, steps):
         "jax.jit": jax_runner(fn, ws, (n_in, n_out)),
         "jax.jit, W out x in": jax_runner(tfn, tws, (n_out, n_in)),
     }
-    for step in systems.values():
+    # mark_step returns once its program is launched, and the host traces the next step while
+    # it runs: time blocks of steps, each ended by waiting for its last program, so no step's
+    # execution spills into the next system's timing.
+    waits = {"ir_runtime lazy": irt.wait_device_ops}
+    for name, step in systems.items():
         for _ in range(3):
             step()
+        waits.get(name, lambda: None)()
     samples = {name: [] for name in systems}
-    for _ in range(steps):
+    for _ in range(max(3, steps // BLOCK)):
         for name, step in systems.items():
             t0 = time.perf_counter()
-            step()
-            samples[name].append(time.perf_counter() - t0)
+            for _ in range(BLOCK):
+                step()
+            waits.get(name, lambda: None)()
+            samples[name].append((time.perf_counter() - t0) / BLOCK)
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     lazy_us = med["ir_runtime lazy"]
     return {
@@ -176,7 +184,10 @@ def main():
         f"ir_runtime lazy {trace['lazy_us']:.2f}   ratio {trace['ratio']:.2f}"
     )
     print("targets: at most 7 us/op and 1.3x the floor")
-    print("\nLinear-model SGD step through the front end, 4x2 mesh, per-step medians (us)")
+    print(
+        f"\nLinear-model SGD step through the front end, 4x2 mesh, us per step (medians of "
+        f"blocks of {BLOCK} steps, each block waited for)"
+    )
     names = list(tiny["us"])
     print(
         f"{'size':<24}" + "".join(f"{n:>21}" for n in names) + f"{'lazy/jax':>10}"

@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import benchjson  # noqa: E402
 import ir_runtime as irt  # noqa: E402
 
-irt.init(cpu_devices=8)
+# 8 devices, unless a launcher (bench_multiprocess) already chose this process's count.
+irt.init(cpu_devices=None if os.environ.get("IR_RUNTIME_CPU_DEVICES") else 8)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

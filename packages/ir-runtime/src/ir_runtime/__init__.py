@@ -13,7 +13,14 @@ import jax
 # torch's dtypes: int64 and float64 stay 64-bit.
 jax.config.update("jax_enable_x64", True)
 
-from ir_runtime._compile import CACHE, Executable, compile, execute, lower  # noqa: E402
+from ir_runtime._compile import (  # noqa: E402
+    CACHE,
+    Executable,
+    compile,
+    execute,
+    lower,
+    wait_device_ops,
+)
 from ir_runtime._data import (  # noqa: E402
     GatherWarning,
     to_device,
@@ -47,7 +54,7 @@ from ir_runtime._lowering import RULES, register  # noqa: E402
 from ir_runtime._metrics import metrics, metrics_report, reset_metrics  # noqa: E402
 from ir_sharding import Mesh  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 register_lowering = register
 
@@ -94,4 +101,5 @@ __all__ = [
     "to_lazy",
     "to_torch",
     "visualize_sharding",
+    "wait_device_ops",
 ]

@@ -258,8 +258,10 @@ class Executable:
             raise ExecutionError(
                 f"the program failed on the device: {type(e).__name__}: {e}"
             ) from e
-        if self.sync and outs:
-            _IN_FLIGHT[0] = outs[0]
+        if outs:
+            _LAST[0] = outs[0]
+            if self.sync:
+                _IN_FLIGHT[0] = outs[0]
         _distributed.STATE.launched += 1
         _metrics.record("ExecuteTime", time.perf_counter() - start)
         _metrics.count("ExecuteCount")
@@ -287,6 +289,20 @@ def settle() -> None:
         raise ExecutionError(
             f"the previous program failed on the device: {type(e).__name__}: {e}"
         ) from e
+
+
+_LAST: list = [None]  # the first result of the last program launched
+
+
+def wait_device_ops() -> None:
+    """Wait until the programs launched so far have finished (torch_xla's
+    ``xm.wait_device_ops``): programs run in launch order, so waiting for the last is enough.
+    ``mark_step`` returns once its program is launched; time a loop with this at its end."""
+    settle()
+    a = _LAST[0]
+    _LAST[0] = None
+    if a is not None and not a.is_deleted():
+        a.block_until_ready()
 
 
 def reshard(h, sharding):

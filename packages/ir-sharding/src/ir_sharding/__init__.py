@@ -16,7 +16,7 @@ from ir_sharding._errors import ShardingError
 from ir_sharding._mesh import Mesh
 from ir_sharding._spec import ShardingKind, ShardingSpec
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Mesh",

@@ -1,0 +1,163 @@
+"""Runs across processes: argument checks, global device ids, a tensor from each process's part
+of it, and one program over two processes on loopback (jax.distributed, gloo)."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import ir_runtime as irt
+from ir_runtime._distributed import resolve
+from ir_sharding import Mesh, ShardingError, ShardingSpec
+
+MESH = Mesh(range(8), (4, 2), ("data", "model"))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("127.0.0.1:1234", 2, None), "missing: process_id"),
+        ((None, 2, 0), "missing: coordinator_address"),
+        (("localhost", 2, 0), "'host:port', got 'localhost'"),
+        (("127.0.0.1:1234", 0, 0), "num_processes must be at least 1, got 0"),
+        (("127.0.0.1:1234", 2, 2), "process_id must be in 0..1 for 2 processes, got 2"),
+        (("127.0.0.1:1234", 2, -1), "process_id must be in 0..1 for 2 processes, got -1"),
+        (("127.0.0.1:1234", 2.0, 0), "num_processes must be an int, got 2.0"),
+        (("127.0.0.1:1234", 2, True), "process_id must be an int, got True"),
+    ],
+)
+def test_bad_process_arguments_are_named(args, message, monkeypatch):
+    for name in ("IR_RUNTIME_COORDINATOR", "IR_RUNTIME_NUM_PROCESSES", "IR_RUNTIME_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(irt.DistributedError, match=re.escape(message)):
+        resolve(*args, None)
+
+
+def test_arguments_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("IR_RUNTIME_COORDINATOR", "10.0.0.1:9999")
+    monkeypatch.setenv("IR_RUNTIME_NUM_PROCESSES", "4")
+    monkeypatch.setenv("IR_RUNTIME_PROCESS_ID", "3")
+    monkeypatch.setenv("IR_RUNTIME_TIMEOUT", "12.5")
+    assert resolve(None, None, None, None) == ("10.0.0.1:9999", 4, 3, 12.5)
+    assert resolve(None, None, 1, 7)[2:] == (1, 7.0)  # arguments beat the environment
+    monkeypatch.setenv("IR_RUNTIME_NUM_PROCESSES", "four")
+    with pytest.raises(irt.DistributedError, match="IR_RUNTIME_NUM_PROCESSES='four'"):
+        resolve(None, None, None, None)
+    monkeypatch.setenv("IR_RUNTIME_NUM_PROCESSES", "4")
+    with pytest.raises(irt.DistributedError, match="timeout must be a positive number"):
+        resolve(None, None, None, -1)
+
+
+def test_one_process_on_its_own():
+    assert resolve(None, None, None, None) is None
+    assert irt.process_index() == 0 and irt.process_count() == 1
+    # Global device ids are jax's own ids in one process.
+    assert [d.id for d in irt.devices()] == list(range(8))
+
+
+def test_joining_after_the_backend_started_is_refused():
+    with pytest.raises(irt.DistributedError, match="already started"):
+        irt.init(coordinator_address="127.0.0.1:1", num_processes=2, process_id=0)
+
+
+def test_process_local_slices_agree_with_jax_index_maps():
+    shape = (64, 6)
+    for spec in [("data", None), (None, "model"), (("data", "model"), None), (None, None)]:
+        s = ShardingSpec(MESH, spec)
+        got = irt.process_local_slices(MESH, spec, shape)
+        # One process holds every device: its part is the whole array.
+        assert got == (slice(0, 64), slice(0, 6))
+        index = s.to_jax().addressable_devices_indices_map(shape)
+        assert len(index) == 8
+
+
+def test_from_process_local_is_mark_sharding_in_one_process():
+    x = torch.randn(32, 16)
+    a = irt.from_process_local(x, MESH, ("data", None))
+    b = irt.mark_sharding(irt.to_lazy(x), MESH, ("data", None))
+    assert irt.visualize_sharding(a) == irt.visualize_sharding(b)
+    handle = a._ir.node.handle
+    assert handle.sharding.is_equivalent_to(ShardingSpec(MESH, ("data", None)).to_jax(), 2)
+    w = torch.randn(16, 4)
+    np.testing.assert_allclose(
+        irt.to_torch(a @ irt.to_lazy(w)).numpy(), (x @ w).numpy(), rtol=1e-5, atol=1e-5
+    )
+    half = torch.randn(8, 4).to(torch.bfloat16)
+    h = irt.from_process_local(half, MESH, ("data", None))
+    assert h.dtype == torch.bfloat16
+    assert torch.equal(irt.to_torch(h), half)  # the same bits
+
+
+def test_from_process_local_errors():
+    with pytest.raises(ShardingError, match="rank"):
+        irt.from_process_local(torch.ones(4, 4), MESH, ("data",))
+    with pytest.raises(ShardingError, match="does not fit"):
+        irt.from_process_local(torch.ones(8, 4), MESH, ("data", None), global_shape=(16, 4))
+    with pytest.raises(TypeError, match=r"torch\.Tensor"):
+        irt.from_process_local(np.ones((8, 4)), MESH, ("data", None))
+
+
+def test_wait_device_ops_waits_for_the_last_step():
+    t = irt.to_lazy(torch.ones(64, 64))
+    irt.mark_sharding(t, MESH, ("data", None))
+    u = (t @ t).sum(1)
+    irt.mark_step()
+    irt.wait_device_ops()
+    assert u._ir.node.handle.is_ready()
+    assert irt.to_torch(u)[0].item() == 64 * 64
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    import ir_runtime as irt
+    from ir_core import Generic, Value
+    from ir_sharding import Mesh, ShardingSpec
+
+    devices = irt.init()
+    mesh = Mesh(range(4), (4,), ("d",))
+    spec = ShardingSpec(mesh, ("d", None))
+    x = irt.to_device(np.arange(32, dtype=np.float32).reshape(8, 4), spec)
+    total = Generic("aten::sum.default", [Value(x)], [x.shape.__class__("float32", ())], {})
+    doubled = Generic("aten::mul.Scalar", [Value(x)], [x.shape], {"other": 2.0})
+    s, d = irt.execute([Value(total), Value(doubled)], out_shardings=[None, spec])
+    print("process", irt.process_index(), "of", irt.process_count(),
+          "local", [irt.devices().index(v) for v in __import__("jax").local_devices()],
+          "sum", float(irt.to_host(s)), "doubled", irt.to_host(d)[:, 0].tolist(),
+          "gathers", irt.metrics()["counters"].get("CrossProcessGather", 0), flush=True)
+    """
+)
+
+
+def test_one_program_over_two_processes(tmp_path):
+    script = tmp_path / "two.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "ir_runtime.launch", "--nprocs", "2", "--cpu-devices", "2"]
+    run = subprocess.run(
+        [*cmd, str(script)], capture_output=True, text=True, timeout=240, env=dict(os.environ)
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = [line for line in run.stdout.splitlines() if " sum " in line]
+    assert sorted(line[:4] for line in lines) == ["[0] ", "[1] "]  # each line prefixed
+    doubled = (np.arange(32).reshape(8, 4)[:, 0] * 2).tolist()
+    for k, line in enumerate(sorted(lines)):
+        # Global ids 0-1 live in process 0, 2-3 in process 1; the sum is replicated, the
+        # doubled rows are gathered from both processes.
+        assert f"process {k} of 2 local [{2 * k}, {2 * k + 1}]" in line
+        assert f"sum {float(np.arange(32).sum())}" in line
+        assert f"doubled {[float(v) for v in doubled]}" in line
+        assert "gathers 1" in line
+
+
+def test_launcher_rejects_bad_arguments(tmp_path):
+    from ir_runtime.launch import main
+
+    with pytest.raises(SystemExit):
+        main(["--nprocs", "0", "x.py"])
+    with pytest.raises(SystemExit):
+        main(["--nprocs", "2", str(tmp_path / "missing.py")])
