@@ -166,7 +166,9 @@ def infer(func, key, args, kwargs):
         meta_kwargs["device"] = "meta"
     out = func(*_meta_arg(list(args)), **meta_kwargs)
     if isinstance(out, torch.Tensor):
-        result = ("one", (shape_of(out),))
+        # The output's dims and torch dtype ride along: tracing's fast path builds the wrapper
+        # from them directly.
+        result = ("one", (shape_of(out),), tuple(out.shape), out.dtype)
     elif isinstance(out, (tuple, list)):
         layout = tuple(isinstance(o, torch.Tensor) for o in out)
         result = ("many", tuple(shape_of(o) for o in out if isinstance(o, torch.Tensor)), layout)

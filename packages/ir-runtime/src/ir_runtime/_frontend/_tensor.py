@@ -24,6 +24,7 @@ from ir_runtime._lowering import RULES
 
 DEVICE = torch.device("lazy", 0)
 _make = torch.Tensor._make_wrapper_subclass
+_ref = weakref.ref
 aten = torch.ops.aten
 
 # Every lazy tensor, in creation order (weak references), so mark_step finds the live ones with
@@ -42,6 +43,10 @@ def live() -> list:
             refs.append(r)
     _LIVE[:] = refs
     return alive
+
+
+def _compact() -> None:
+    _compact_at[0] = max(10_000, 2 * len(live()))
 
 
 # torch's core ATen decompositions first, then its wider table (mse_loss and friends).
@@ -71,9 +76,9 @@ class LazyTensor(torch.Tensor):
         if type(value.node) is DeviceData:
             t._held = True
             t._placed = value.node.sharding
-        _LIVE.append(weakref.ref(t))
+        _LIVE.append(_ref(t))
         if len(_LIVE) > _compact_at[0]:
-            _compact_at[0] = max(10_000, 2 * len(live()))
+            _compact()
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -81,8 +86,22 @@ class LazyTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         route = _ROUTES.get(id(func))
-        if route is not None and route[1] is not None:  # the common case, inlined
-            return record(func, args, kwargs or _NO_KWARGS, route[1])
+        if route is not None:
+            plan = route[1]
+            if plan is not None and plan.prepare is not None:
+                # The common case, record() inlined: a seen op with one output.
+                if kwargs is None:
+                    kwargs = _NO_KWARGS
+                key, operands, attrs = plan.prepare(args, kwargs, as_value)
+                layout = _META.get(key)
+                if layout is not None and layout[0] == "one" and not plan.view:
+                    out = _make(LazyTensor, layout[2], dtype=layout[3], device=DEVICE)
+                    out._ir = Value(Generic(plan.op, operands, layout[1], attrs), 0)
+                    _LIVE.append(_ref(out))
+                    if len(_LIVE) > _compact_at[0]:
+                        _compact()
+                    return out
+                return record(func, args, kwargs, plan)
         return dispatch(func, args, kwargs or _NO_KWARGS)
 
     def __repr__(self, *, tensor_contents=None):
