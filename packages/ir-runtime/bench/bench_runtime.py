@@ -98,6 +98,7 @@ def bench_sgd(batch, n_in, n_out, steps, warmup=5):
         )
         new_w, new_b, _ = irt.execute(pinned(roots, [WS, RS, None]))
         ir_state[0], ir_state[1] = new_w, new_b
+        irt.wait_device_ops()  # execute returns once launched; wait as the jax step does
 
     for _ in range(warmup):
         jax_step()
