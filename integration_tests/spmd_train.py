@@ -18,7 +18,7 @@ import ir_runtime as irt
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def train(model_name: str, mode: str, steps=None, sleep=0.0, log=None):
+def train(model_name: str, mode: str, steps=None, sleep=0.0, log=None, raise_at=None):
     """Per-step losses, final parameters (numpy) and the compile count of one training run.
     Every process calls it; each feeds only its own part of every batch."""
     if model_name == "linear":
@@ -52,6 +52,8 @@ def train(model_name: str, mode: str, steps=None, sleep=0.0, log=None):
             log(f"step {k} loss {losses[-1]:.6f}")
         if sleep:
             time.sleep(sleep)
+        if raise_at == k and irt.process_index() == 1:
+            raise RuntimeError(f"process 1 fails on purpose at step {k}")
     # Every process takes part in gathering a parameter sharded across processes.
     params = [irt.to_torch(p).numpy() for p in model.parameters()]
     return losses, params, irt.metrics()["counters"]["CompileCount"]
@@ -64,11 +66,16 @@ def main():
     parser.add_argument("--steps", type=int, default=None, help="default: the suite's own")
     parser.add_argument("--out", default=None)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds between steps")
+    parser.add_argument("--raise-at", type=int, default=None, help="process 1 raises here")
+    parser.add_argument("--uneven", action="store_true", help="process 1 runs 3 more steps")
     args = parser.parse_args()
     irt.init()
     print(f"process {irt.process_index()} of {irt.process_count()}, pid {os.getpid()}", flush=True)
+    steps = args.steps
+    if args.uneven and irt.process_index() == 1:
+        steps += 3
     losses, params, compiles = train(
-        args.model, args.mode, args.steps, args.sleep, lambda m: print(m, flush=True)
+        args.model, args.mode, steps, args.sleep, lambda m: print(m, flush=True), args.raise_at
     )
     print(f"compiles {compiles}", flush=True)
     if args.out and irt.process_index() == 0:

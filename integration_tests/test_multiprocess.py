@@ -139,3 +139,51 @@ def test_a_lost_process_is_named_within_the_timeout(how):
     assert "ir_runtime: error: process 1 stopped responding" in err, err[-3000:]
     # Silence counts from its last heartbeat, up to one beat (0.5 s) before the signal.
     assert TIMEOUT - 2 <= took < TIMEOUT + 10, (took, err[-3000:])
+
+
+def test_launcher_ends_the_run_when_a_process_raises():
+    cmd = [sys.executable, "-m", "ir_runtime.launch", "--nprocs", "2", "--cpu-devices", "4"]
+    cmd += ["--timeout", str(TIMEOUT), SCRIPT, "--steps", "100000", "--raise-at", "3"]
+    start = time.monotonic()
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "[1] RuntimeError: process 1 fails on purpose at step 3" in run.stdout
+    assert "ir_runtime.launch: process 1 (pid" in run.stdout
+    assert "exited with status 1; stopping the 1 other" in run.stdout
+    assert time.monotonic() - start < 60
+
+
+def test_a_process_waiting_for_a_step_the_others_never_run_is_named():
+    """Process 1 runs 3 more steps than process 0: it waits inside a collective process 0 never
+    joins. Process 0, finished, names it within the timeout instead of waiting forever."""
+    port = __import__("ir_runtime.launch", fromlist=["free_port"]).free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, "--steps", "5", "--uneven"],
+            env=dict(
+                os.environ,
+                IR_RUNTIME_COORDINATOR=f"127.0.0.1:{port}",
+                IR_RUNTIME_NUM_PROCESSES="2",
+                IR_RUNTIME_PROCESS_ID=str(k),
+                IR_RUNTIME_CPU_DEVICES="4",
+                IR_RUNTIME_TIMEOUT=str(TIMEOUT),
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(2)
+    ]
+    try:
+        err0 = procs[0].communicate(timeout=120)[1]
+        err1 = procs[1].communicate(timeout=60)[1]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 3, err0[-3000:]
+    assert "process 1 has waited" in err0 and "every process must run the same steps" in err0
+    # Process 1 then loses the coordinator, which lived in process 0: jax's client ends it at
+    # once (SIGABRT, "the leader task ... died"), or the watchdog does first.
+    assert procs[1].returncode in (3, -signal.SIGABRT), err1[-3000:]
+    assert "lost the coordinator (process 0" in err1 or "leader task" in err1, err1[-3000:]

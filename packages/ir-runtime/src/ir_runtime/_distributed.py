@@ -40,6 +40,7 @@ class _State:
     process_id = 0
     timeout = DEFAULT_TIMEOUT
     launched = 0  # programs this process has launched: every process runs the same sequence
+    failed = False  # an uncaught exception is ending this process
     watchdog: _Watchdog | None = None
 
 
@@ -143,6 +144,9 @@ def start(coordinator_address: str, num_processes: int, process_id: int, timeout
         STATE.watchdog = _Watchdog(timeout)
         STATE.watchdog.start()
         atexit.register(_finish)
+        global _previous_excepthook
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = _excepthook
 
 
 def process_index() -> int:
@@ -172,14 +176,32 @@ def fatal(message: str) -> None:
 
 def _finish() -> None:
     """At exit: say so, so the others do not count this process's silence as a loss, then wait
-    in jax's shutdown barrier for them (the watchdog still guards that wait)."""
+    in jax's shutdown barrier for them (the watchdog still guards that wait). After an uncaught
+    exception, leave at once instead: the others may wait inside a collective for this process,
+    and their watchdogs name it when its heartbeat stops."""
     w = STATE.watchdog
     if w is None:
         return
+    if STATE.failed:
+        sys.stdout.flush()
+        sys.stderr.write(
+            f"ir_runtime: process {STATE.process_id} ended with an uncaught exception; leaving "
+            f"without waiting for the other processes\n"
+        )
+        sys.stderr.flush()
+        os._exit(1)
     w.done = True
     w.beat_once()
     jax.distributed.shutdown()
     w.stop = True
+
+
+def _excepthook(kind, value, traceback) -> None:
+    STATE.failed = True
+    _previous_excepthook(kind, value, traceback)
+
+
+_previous_excepthook = sys.excepthook
 
 
 class _Watchdog:
@@ -196,7 +218,8 @@ class _Watchdog:
         self.done = False
         self.stop = False
         self.last_ok = time.monotonic()  # the last heartbeat the coordinator took
-        self.seen: dict = {}  # process -> (its last heartbeat, when it last changed)
+        self.seen: dict = {}  # process -> (its last heartbeat count, when it last changed)
+        self.progress: dict = {}  # process -> (programs it launched, when that last changed)
 
     def start(self) -> None:
         threading.Thread(target=self._beat, name="ir_runtime-heartbeat", daemon=True).start()
@@ -221,29 +244,43 @@ class _Watchdog:
             now = time.monotonic()
             if entries is not None:
                 for p in range(STATE.num_processes):
-                    if p == self.me:
-                        continue
-                    value = entries.get(f"{_KEY}{p}")
-                    last = self.seen.get(p)
-                    if last is None or last[0] != value:
-                        self.seen[p] = (value, now)
-                        continue
-                    if value is not None and value.endswith(":done"):
-                        continue
-                    silent = now - (last[1] if value is not None else start)
-                    if silent > self.timeout:
-                        fatal(self._lost(p, value, silent))
+                    if p != self.me:
+                        self._check(p, entries.get(f"{_KEY}{p}"), now, start)
             time.sleep(self.interval)
 
-    def _lost(self, p: int, value, silent: float) -> str:
+    def _check(self, p: int, value, now: float, start: float) -> None:
+        """Give up on process ``p`` when its heartbeat (``count:launched:state``) has stopped,
+        or, once this process has finished, when ``p`` waits for a program it never will."""
         if value is None:
-            return f"process {p} never reported to the coordinator within {silent:.0f} s"
-        theirs = value.split(":")[1]
-        return (
-            f"process {p} stopped responding: no heartbeat for {silent:.0f} s (it died, hung or "
-            f"was stopped; at its last heartbeat it had launched {theirs} programs, this process "
-            f"{STATE.launched})"
-        )
+            if now - start > self.timeout:
+                fatal(f"process {p} never reported to the coordinator within {now - start:.0f} s")
+            return
+        beat, launched, state = value.split(":")
+        last = self.seen.get(p)
+        if last is None or last[0] != beat:
+            self.seen[p] = (beat, now)
+        elif state != "done" and now - last[1] > self.timeout:
+            fatal(
+                f"process {p} stopped responding: no heartbeat for {now - last[1]:.0f} s (it "
+                f"died, hung or was stopped; at its last heartbeat it had launched {launched} "
+                f"programs, this process {STATE.launched})"
+            )
+        progress = self.progress.get(p)
+        if progress is None or progress[0] != launched:
+            self.progress[p] = (launched, now)
+        elif (
+            self.done
+            and state != "done"
+            and int(launched) > STATE.launched
+            and now - progress[1] > self.timeout
+        ):
+            # Collectives finish only with every process, so p waits inside program
+            # number `launched`, which this finished process never launches.
+            fatal(
+                f"process {p} has waited {now - progress[1]:.0f} s inside its program "
+                f"{launched}, but this process finished after {STATE.launched}: every process "
+                f"must run the same steps"
+            )
 
     def _timer(self) -> None:
         # Makes no calls of its own, so it fires even when a call to a frozen coordinator blocks.
