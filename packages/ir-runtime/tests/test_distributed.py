@@ -152,6 +152,11 @@ def test_one_program_over_two_processes(tmp_path):
         assert f"sum {float(np.arange(32).sum())}" in line
         assert f"doubled {[float(v) for v in doubled]}" in line
         assert "gathers 1" in line
+    # The first gather says what it costs, pointing at the line that read the tensor.
+    warned = [line for line in run.stdout.splitlines() if "GatherWarning" in line]
+    assert len(warned) == 2 and all("two.py:" in line for line in warned), warned
+    assert "every process must read it at the same point" in warned[0]
+    assert "float32[8, 4]" in warned[0] and "(128 bytes)" in warned[0]
 
 
 def test_launcher_rejects_bad_arguments(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import jax
@@ -50,7 +52,7 @@ def _gather(a):
             f"Read replicated results (a loss) or gather once, after training; the metrics "
             f"count every gather (CrossProcessGather, CrossProcessGatherBytes)",
             GatherWarning,
-            stacklevel=4,
+            stacklevel=_caller_level(),
         )
     mesh = a.sharding.mesh if isinstance(a.sharding, NamedSharding) else None
     if mesh is None:
@@ -64,6 +66,22 @@ def _gather(a):
     _metrics.count("CrossProcessGather")
     _metrics.count("CrossProcessGatherBytes", nbytes)
     return identity(a).addressable_data(0)
+
+
+_INSIDE = (os.path.dirname(os.path.abspath(__file__)),)
+
+
+def _caller_level() -> int:
+    """The warnings stacklevel of the first frame outside ir_runtime and torch: the user's
+    line that read the tensor."""
+    inside = _INSIDE
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        inside += (os.path.dirname(os.path.abspath(torch.__file__)),)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class GatherWarning(UserWarning):
