@@ -38,7 +38,6 @@ class _State:
     address: str | None = None
     num_processes = 1
     process_id = 0
-    timeout = DEFAULT_TIMEOUT
     launched = 0  # programs this process has launched: every process runs the same sequence
     failed = False  # an uncaught exception is ending this process
     watchdog: _Watchdog | None = None
@@ -139,7 +138,6 @@ def start(coordinator_address: str, num_processes: int, process_id: int, timeout
         num_processes,
         process_id,
     )
-    STATE.timeout = timeout
     if num_processes > 1:
         STATE.watchdog = _Watchdog(timeout)
         STATE.watchdog.start()
@@ -157,10 +155,6 @@ def process_index() -> int:
 def process_count() -> int:
     """How many processes take part in the run (1 when on its own)."""
     return jax.process_count()
-
-
-def multi_process() -> bool:
-    return STATE.num_processes > 1
 
 
 def fatal(message: str) -> None:
