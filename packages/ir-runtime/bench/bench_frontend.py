@@ -159,6 +159,7 @@ def bench_step(batch, n_in, n_out, steps):
                 step()
             waits.get(name, lambda: None)()
             samples[name].append((time.perf_counter() - t0) / BLOCK)
+            time.sleep(0.02)  # let spinning worker threads (torch's OpenMP, XLA's) go idle
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     lazy_us = med["ir_runtime lazy"]
     return {
