@@ -154,9 +154,13 @@ def main():
             f"{j2 / j1:>8.2f}"
         )
     if args.json:
+        import jax
+        import torch
+
         import benchjson
 
-        benchjson.write(args.json, {"sgd_step": results})
+        env = benchjson.environment(torch=torch.__version__, jax=jax.__version__)
+        benchjson.write(args.json, {"sgd_step": results, "environment": env})
 
 
 if __name__ == "__main__":
