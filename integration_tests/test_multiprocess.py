@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from spmd_train import train
 
+from ir_runtime.launch import free_port
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "spmd_train.py")
 TIMEOUT = 5  # seconds a process may go silent (IR_RUNTIME_TIMEOUT)
@@ -72,6 +74,29 @@ def _start_reading(proc):
     return pids, lines, until
 
 
+def _start_alone(script_args, stdout):
+    """Two processes of the script without the launcher, as a cluster scheduler starts them."""
+    port = free_port()
+    return [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, *script_args],
+            env=dict(
+                os.environ,
+                IR_RUNTIME_COORDINATOR=f"127.0.0.1:{port}",
+                IR_RUNTIME_NUM_PROCESSES="2",
+                IR_RUNTIME_PROCESS_ID=str(k),
+                IR_RUNTIME_CPU_DEVICES="4",
+                IR_RUNTIME_TIMEOUT=str(TIMEOUT),
+                PYTHONUNBUFFERED="1",
+            ),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(2)
+    ]
+
+
 def _gone(pid) -> bool:
     try:
         os.kill(pid, 0)
@@ -103,27 +128,7 @@ def test_launcher_ends_the_run_when_a_process_dies():
 def test_a_lost_process_is_named_within_the_timeout(how):
     """No launcher: two processes on their own (as a cluster scheduler starts them). Process 1
     dies, or freezes; process 0, waiting inside a collective, reports it and exits."""
-    port = __import__("ir_runtime.launch", fromlist=["free_port"]).free_port()
-    procs = []
-    for k in range(2):
-        env = dict(
-            os.environ,
-            IR_RUNTIME_COORDINATOR=f"127.0.0.1:{port}",
-            IR_RUNTIME_NUM_PROCESSES="2",
-            IR_RUNTIME_PROCESS_ID=str(k),
-            IR_RUNTIME_CPU_DEVICES="4",
-            IR_RUNTIME_TIMEOUT=str(TIMEOUT),
-            PYTHONUNBUFFERED="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, SCRIPT, "--steps", "100000", "--sleep", "0.02"],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+    procs = _start_alone(["--steps", "100000", "--sleep", "0.02"], subprocess.PIPE)
     try:
         _, _, until = _start_reading(procs[1])
         until(r"^step 3 ")
@@ -156,24 +161,7 @@ def test_launcher_ends_the_run_when_a_process_raises():
 def test_a_process_waiting_for_a_step_the_others_never_run_is_named():
     """Process 1 runs 3 more steps than process 0: it waits inside a collective process 0 never
     joins. Process 0, finished, names it within the timeout instead of waiting forever."""
-    port = __import__("ir_runtime.launch", fromlist=["free_port"]).free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, SCRIPT, "--steps", "5", "--uneven"],
-            env=dict(
-                os.environ,
-                IR_RUNTIME_COORDINATOR=f"127.0.0.1:{port}",
-                IR_RUNTIME_NUM_PROCESSES="2",
-                IR_RUNTIME_PROCESS_ID=str(k),
-                IR_RUNTIME_CPU_DEVICES="4",
-                IR_RUNTIME_TIMEOUT=str(TIMEOUT),
-            ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for k in range(2)
-    ]
+    procs = _start_alone(["--steps", "5", "--uneven"], subprocess.DEVNULL)
     try:
         err0 = procs[0].communicate(timeout=120)[1]
         err1 = procs[1].communicate(timeout=60)[1]

@@ -53,13 +53,8 @@ def init(
     """
     global _listening
     joining = _distributed.resolve(coordinator_address, num_processes, process_id, timeout)
-    if cpu_devices is None and os.environ.get(ENV_CPU_DEVICES):
-        try:
-            cpu_devices = int(os.environ[ENV_CPU_DEVICES])
-        except ValueError:
-            raise DeviceCountError(
-                f"{ENV_CPU_DEVICES}={os.environ[ENV_CPU_DEVICES]!r} is not an integer"
-            ) from None
+    if cpu_devices is None:
+        cpu_devices = _distributed.env_value(ENV_CPU_DEVICES, int, DeviceCountError, "an integer")
     if cpu_devices is not None:
         if isinstance(cpu_devices, bool) or not isinstance(cpu_devices, int) or cpu_devices < 1:
             raise DeviceCountError(f"cpu_devices must be a positive int, got {cpu_devices!r}")

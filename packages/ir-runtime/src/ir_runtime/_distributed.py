@@ -46,14 +46,15 @@ class _State:
 STATE = _State()
 
 
-def _env_int(name: str):
+def env_value(name: str, convert, error, what: str):
+    """``convert`` of environment variable ``name``; None when it is unset or empty."""
     raw = os.environ.get(name)
     if not raw:
         return None
     try:
-        return int(raw)
+        return convert(raw)
     except ValueError:
-        raise DistributedError(f"{name}={raw!r} is not an integer") from None
+        raise error(f"{name}={raw!r} is not {what}") from None
 
 
 def resolve(coordinator_address, num_processes, process_id, timeout):
@@ -61,16 +62,11 @@ def resolve(coordinator_address, num_processes, process_id, timeout):
     process on its own."""
     coordinator_address = coordinator_address or os.environ.get(ENV_COORDINATOR) or None
     if num_processes is None:
-        num_processes = _env_int(ENV_NUM_PROCESSES)
+        num_processes = env_value(ENV_NUM_PROCESSES, int, DistributedError, "an integer")
     if process_id is None:
-        process_id = _env_int(ENV_PROCESS_ID)
-    if timeout is None and os.environ.get(ENV_TIMEOUT):
-        try:
-            timeout = float(os.environ[ENV_TIMEOUT])
-        except ValueError:
-            raise DistributedError(
-                f"{ENV_TIMEOUT}={os.environ[ENV_TIMEOUT]!r} is not a number of seconds"
-            ) from None
+        process_id = env_value(ENV_PROCESS_ID, int, DistributedError, "an integer")
+    if timeout is None:
+        timeout = env_value(ENV_TIMEOUT, float, DistributedError, "a number of seconds")
     given = {
         "coordinator_address": coordinator_address,
         "num_processes": num_processes,
