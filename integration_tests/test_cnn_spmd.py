@@ -2,12 +2,12 @@
 momentum on 8 devices, sharded on the batch, and with conv weights sharded on output
 channels; against torch eager."""
 
-import copy
+import sys
 
 import numpy as np
 import pytest
 import torch
-from training import assert_same_parameters, eager_step, lazy_step
+from training import assert_same_parameters, train_side_by_side
 
 import ir_runtime as irt
 
@@ -52,15 +52,7 @@ def shard(model, mode):
 
 @pytest.mark.parametrize("mode", ["batch", "channels"])
 def test_cnn_matches_torch_eager(mode):
-    eager = make_model()
-    lazy = irt.to_lazy(copy.deepcopy(eager))
-    shard(lazy, mode)
-    opt_e, opt_l = make_optimizer(eager), make_optimizer(lazy)
-    irt.reset_metrics()
-    losses_e, losses_l = [], []
-    for x, y in batches():
-        losses_e.append(eager_step(eager, opt_e, LOSS, x, y))
-        losses_l.append(lazy_step(lazy, opt_l, LOSS, x, y, MESH).item())
+    eager, lazy, losses_e, losses_l = train_side_by_side(sys.modules[__name__], mode)
     np.testing.assert_allclose(losses_l, losses_e, rtol=2e-4, atol=1e-5)
     assert_same_parameters(eager, lazy, rtol=1e-3, atol=1e-4)
     for be, bl in zip(eager.buffers(), lazy.buffers(), strict=True):

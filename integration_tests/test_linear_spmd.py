@@ -1,12 +1,12 @@
 """torch_xla's SPMD linear-model test, done right: Linear -> ReLU -> Linear -> Linear trained
 20 SGD steps on 8 devices in three sharding modes, against torch eager on CPU."""
 
-import copy
+import sys
 
 import numpy as np
 import pytest
 import torch
-from training import assert_same_parameters, eager_step, lazy_step
+from training import assert_same_parameters, train_side_by_side
 
 import ir_runtime as irt
 
@@ -49,16 +49,7 @@ def shard(model, mode):
 
 @pytest.mark.parametrize("mode", ["data", "fsdp", "megatron"])
 def test_linear_model_matches_torch_eager(mode):
-    eager = make_model()
-    lazy = irt.to_lazy(copy.deepcopy(eager))
-    shard(lazy, mode)
-    opt_e, opt_l = make_optimizer(eager), make_optimizer(lazy)
-    irt.reset_metrics()
-    irt.CACHE.clear()
-    losses_e, losses_l = [], []
-    for x, y in batches():
-        losses_e.append(eager_step(eager, opt_e, LOSS, x, y))
-        losses_l.append(lazy_step(lazy, opt_l, LOSS, x, y, MESH).item())
+    eager, lazy, losses_e, losses_l = train_side_by_side(sys.modules[__name__], mode)
     np.testing.assert_allclose(losses_l, losses_e, rtol=1e-4, atol=1e-6)
     assert_same_parameters(eager, lazy, rtol=1e-4, atol=1e-5)
     assert irt.metrics()["counters"]["CompileCount"] == 1

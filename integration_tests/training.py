@@ -1,6 +1,8 @@
 """One training step, the same on both sides of a comparison: torch eager on CPU, and the lazy
 device with the batch sharded over "data"."""
 
+import copy
+
 import numpy as np
 
 import ir_runtime as irt
@@ -27,6 +29,23 @@ def lazy_step(model, opt, loss_fn, x, y, mesh):
     return loss
 
 
+def train_side_by_side(suite, mode):
+    """A suite's model (``make_model``, ``shard``, ``make_optimizer``, ``LOSS``, ``batches``,
+    ``MESH``) trained by torch eager and on the lazy device sharded per ``mode``, on the same
+    batches: (eager model, lazy model, eager losses, lazy losses)."""
+    eager = suite.make_model()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    suite.shard(lazy, mode)
+    opt_e, opt_l = suite.make_optimizer(eager), suite.make_optimizer(lazy)
+    irt.reset_metrics()
+    irt.CACHE.clear()
+    losses_e, losses_l = [], []
+    for x, y in suite.batches():
+        losses_e.append(eager_step(eager, opt_e, suite.LOSS, x, y))
+        losses_l.append(lazy_step(lazy, opt_l, suite.LOSS, x, y, suite.MESH).item())
+    return eager, lazy, losses_e, losses_l
+
+
 def assert_same_parameters(eager, lazy, rtol, atol):
     for pe, pl in zip(eager.parameters(), lazy.parameters(), strict=True):
         np.testing.assert_allclose(
@@ -34,4 +53,4 @@ def assert_same_parameters(eager, lazy, rtol, atol):
         )
 
 
-__all__ = ["assert_same_parameters", "eager_step", "lazy_step"]
+__all__ = ["assert_same_parameters", "eager_step", "lazy_step", "train_side_by_side"]
