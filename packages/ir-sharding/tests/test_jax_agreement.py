@@ -4,11 +4,12 @@ shuffled device orders and subsets) and partition specs."""
 
 import jax
 import numpy as np
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ir_sharding import Mesh, ShardingKind, ShardingSpec
+from ir_sharding import Mesh, ShardingError, ShardingKind, ShardingSpec
 
 DEVICES = {d.id: d for d in jax.devices()}
 NAMES = ("a", "b", "c")
@@ -147,6 +148,18 @@ def test_special_kinds_convert_to_jax():
     assert [d.id for d in manual.mesh.devices.flat] == [3, 1, 2, 0]
     replicated = ShardingSpec.replicated(mesh).to_jax()
     assert replicated.is_fully_replicated
+
+
+def test_device_ids_are_global_ordinals():
+    from ir_sharding._jax import global_devices
+
+    order = global_devices()
+    # One process: the order is jax's own ids, so id k is jax's device k.
+    assert [d.id for d in order] == sorted(DEVICES)
+    assert ShardingSpec(Mesh([2], (1,), ("a",)), (None,)).to_jax().device_set == {DEVICES[2]}
+    bad = Mesh([0, len(order)], (2,), ("a",))
+    with pytest.raises(ShardingError, match=rf"device {len(order)} of the mesh does not exist"):
+        ShardingSpec(bad, ("a",)).to_jax()
 
 
 def test_examples_from_the_issue():

@@ -92,16 +92,16 @@ class LazyTensor(torch.Tensor):
                 # The common case, record() inlined: a seen op with one output.
                 if kwargs is None:
                     kwargs = _NO_KWARGS
-                key, operands, attrs = plan.prepare(args, kwargs, as_value)
-                layout = _META.get(key)
+                prepared = plan.prepare(args, kwargs, as_value)
+                layout = _META.get(prepared[0])
                 if layout is not None and layout[0] == "one" and not plan.view:
                     out = _make(LazyTensor, layout[2], dtype=layout[3], device=DEVICE)
-                    out._ir = Value(Generic(plan.op, operands, layout[1], attrs), 0)
+                    out._ir = Value(Generic(plan.op, prepared[1], layout[1], prepared[2]), 0)
                     _LIVE.append(_ref(out))
                     if len(_LIVE) > _compact_at[0]:
                         _compact()
                     return out
-                return record(func, args, kwargs, plan)
+                return record(func, args, kwargs, plan, prepared)
         return dispatch(func, args, kwargs or _NO_KWARGS)
 
     def __repr__(self, *, tensor_contents=None):
@@ -151,11 +151,12 @@ def _wrap_out(layout, node):
     return tuple(outs)
 
 
-def record(func, args, kwargs, plan: Plan | None = None):
-    """Record ``func(*args, **kwargs)`` as one node; return lazy tensors like torch's result."""
+def record(func, args, kwargs, plan: Plan | None = None, prepared=None):
+    """Record ``func(*args, **kwargs)`` as one node; return lazy tensors like torch's result.
+    ``prepared``: the plan's (key, operands, attributes) when the caller already has them."""
     if plan is None:
         plan = plan_of(func)
-    key, operands, attrs = prepare(plan, args, kwargs, as_value)
+    key, operands, attrs = prepared or prepare(plan, args, kwargs, as_value)
     layout = _META.get(key)
     if layout is None:
         layout = infer(func, key, args, kwargs)
