@@ -166,3 +166,29 @@ def test_launcher_rejects_bad_arguments(tmp_path):
         main(["--nprocs", "0", "x.py"])
     with pytest.raises(SystemExit):
         main(["--nprocs", "2", str(tmp_path / "missing.py")])
+
+
+def test_a_device_failure_waits_for_the_watchdog_across_processes(monkeypatch):
+    """gloo reports a lost peer at once, naming only an address: across processes the error
+    waits up to the watchdog's timeout, so the watchdog can name the process first."""
+    import time
+
+    from ir_runtime import _distributed
+
+    error = RuntimeError("Gloo all-reduce failed: Connection reset by peer")
+    start = time.monotonic()
+    e = _distributed.device_failure(error, "the program")  # one process: no wait
+    assert time.monotonic() - start < 0.5
+    assert isinstance(e, irt.ExecutionError)
+    assert str(e) == (
+        "the program failed on the device: RuntimeError: Gloo all-reduce failed: Connection "
+        "reset by peer"
+    )
+
+    class Watchdog:
+        timeout, interval, stop = 0.4, 0.05, False
+
+    monkeypatch.setattr(_distributed.STATE, "watchdog", Watchdog())
+    start = time.monotonic()
+    _distributed.device_failure(error, "the program")
+    assert time.monotonic() - start >= 0.4

@@ -255,9 +255,7 @@ class Executable:
         try:
             outs = self.compiled(*arrays)
         except Exception as e:
-            raise ExecutionError(
-                f"the program failed on the device: {type(e).__name__}: {e}"
-            ) from e
+            raise _distributed.device_failure(e, "the program") from e
         if outs:
             _LAST[0] = outs[0]
             if self.sync:
@@ -286,9 +284,7 @@ def settle() -> None:
         if not a.is_deleted():
             a.block_until_ready()
     except Exception as e:
-        raise ExecutionError(
-            f"the previous program failed on the device: {type(e).__name__}: {e}"
-        ) from e
+        raise _distributed.device_failure(e, "the previous program") from e
 
 
 _LAST: list = [None]  # the first result of the last program launched

@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ir_core import DeviceData, Shape
-from ir_runtime import _metrics
+from ir_runtime import _distributed, _metrics
 from ir_runtime._dtypes import name_of
 from ir_runtime._placement import Program
 
@@ -36,7 +36,10 @@ def fetch(handle) -> np.ndarray:
         handle.is_fully_addressable or handle.is_fully_replicated
     ):
         handle = _gather(handle)
-    return np.asarray(jax.device_get(handle))
+    try:
+        return np.asarray(jax.device_get(handle))
+    except jax.errors.JaxRuntimeError as e:
+        raise _distributed.device_failure(e, "the program computing this result") from e
 
 
 def _gather(a):

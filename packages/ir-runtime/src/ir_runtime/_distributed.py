@@ -23,7 +23,7 @@ import time
 
 import jax
 
-from ir_runtime._errors import DistributedError
+from ir_runtime._errors import DistributedError, ExecutionError
 
 ENV_COORDINATOR = "IR_RUNTIME_COORDINATOR"
 ENV_NUM_PROCESSES = "IR_RUNTIME_NUM_PROCESSES"
@@ -151,6 +151,19 @@ def process_index() -> int:
 def process_count() -> int:
     """How many processes take part in the run (1 when on its own)."""
     return jax.process_count()
+
+
+def device_failure(e: Exception, what: str) -> ExecutionError:
+    """The error for ``what`` failing on the devices. Across processes the usual cause is a lost
+    process, which gloo reports at once as a reset connection naming only an address: the
+    watchdog gets its timeout to name the process (which ends this one). If every process stays
+    alive, the failure is the program's own."""
+    w = STATE.watchdog
+    if w is not None and not w.stop:
+        deadline = time.monotonic() + w.timeout + 4 * w.interval
+        while time.monotonic() < deadline:
+            time.sleep(w.interval)
+    return ExecutionError(f"{what} failed on the device: {type(e).__name__}: {e}")
 
 
 def fatal(message: str) -> None:
