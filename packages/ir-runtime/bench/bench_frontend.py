@@ -120,6 +120,18 @@ def bench_step(batch, n_in, n_out, steps):
         opt_l.zero_grad()
         irt.mark_step()
 
+    cap = irt.to_lazy(torch.nn.Linear(n_in, n_out))
+    irt.mark_sharding(cap.weight, MESH, ("model", None))
+    opt_c = torch.optim.SGD(cap.parameters(), lr=0.01)
+
+    @irt.compile_step
+    def captured_step(x, y):
+        loss = torch.nn.functional.mse_loss(cap(x), y)
+        loss.backward()
+        opt_c.step()
+        opt_c.zero_grad()
+        return loss
+
     fn, xs, ws, rep = jax_step_fn(lr=0.01)
     tfn, tws = torch_layout_step_fn(xs, rep)
     jx, jy = jax.device_put(x, xs), jax.device_put(y, xs)
@@ -140,13 +152,14 @@ def bench_step(batch, n_in, n_out, steps):
     systems = {
         "torch eager": eager_step,
         "ir_runtime lazy": lazy_step,
+        "ir_runtime compile_step": lambda: captured_step(lx, ly),
         "jax.jit": jax_runner(fn, ws, (n_in, n_out)),
         "jax.jit, W out x in": jax_runner(tfn, tws, (n_out, n_in)),
     }
     # mark_step returns once its program is launched, and the host traces the next step while
     # it runs: time blocks of steps, each ended by waiting for its last program, so no step's
     # execution spills into the next system's timing.
-    waits = {"ir_runtime lazy": irt.wait_device_ops}
+    waits = {"ir_runtime lazy": irt.wait_device_ops, "ir_runtime compile_step": irt.wait_device_ops}
     for name, step in systems.items():
         for _ in range(3):
             step()

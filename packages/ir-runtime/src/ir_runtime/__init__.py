@@ -39,8 +39,11 @@ from ir_runtime._errors import (  # noqa: E402
     UnsupportedOpError,
 )
 from ir_runtime._frontend import (  # noqa: E402
+    CaptureWarning,
+    CompiledStep,
     LazyTensor,
     clear_sharding,
+    compile_step,
     dump,
     from_process_local,
     mark_sharding,
@@ -66,7 +69,9 @@ def supported_ops() -> list[str]:
 
 __all__ = [
     "CACHE",
+    "CaptureWarning",
     "CompileError",
+    "CompiledStep",
     "DTypeError",
     "DeviceCountError",
     "DistributedError",
@@ -80,6 +85,7 @@ __all__ = [
     "UnsupportedOpError",
     "clear_sharding",
     "compile",
+    "compile_step",
     "devices",
     "dump",
     "execute",

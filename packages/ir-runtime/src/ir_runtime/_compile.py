@@ -248,6 +248,13 @@ class Executable:
         self.sync = self.has_collectives and self.program.devices[0].platform == "cpu"
         self.num_nodes = len(g.order)
 
+    def results(self, outs) -> list[DeviceData]:
+        """One ``DeviceData`` per root, holding the arrays ``run`` returned."""
+        return [
+            DeviceData(shape, handle=a, sharding=spec)
+            for shape, a, spec in zip(self.out_shapes, outs, self.out_specs, strict=True)
+        ]
+
     def run(self, arrays: list) -> list:
         start = time.perf_counter()
         if self.sync:
@@ -447,12 +454,14 @@ def execute(roots, donate=(), out_shardings=None) -> list[DeviceData]:
         UnsupportedOpError, LoweringError, CompileError, ExecutionError. Inputs are untouched by
         any of them, except donated buffers once the program has started.
     """
+    return run_graph(roots, donate, out_shardings)[0]
+
+
+def run_graph(roots, donate=(), out_shardings=None):
+    """``execute``, also returning what ran: ``(results, executable, graph, arrays)``, where
+    ``arrays`` are the placed parameter buffers (in ``graph.params`` order)."""
     exe, g = CACHE.get(roots, donate, out_shardings)
     arrays = [_place(p, s) for p, s in zip(g.params, exe.in_shardings, strict=True)]
     if exe.donate:
         _metrics.count("DonatedBuffers", len(exe.donate))
-    outs = exe.run(arrays)
-    return [
-        DeviceData(shape, handle=a, sharding=spec)
-        for shape, a, spec in zip(exe.out_shapes, outs, exe.out_specs, strict=True)
-    ]
+    return exe.results(exe.run(arrays)), exe, g, arrays

@@ -9,7 +9,7 @@ import torch
 
 from ir_core import DeviceData, Value, post_order
 from ir_runtime import _metrics
-from ir_runtime._compile import execute
+from ir_runtime._compile import run_graph
 from ir_runtime._data import fetch
 from ir_runtime._frontend import _rng
 from ir_runtime._frontend._record import IR_TO_TORCH
@@ -71,23 +71,36 @@ def _pin(tensors):
     return roots, seen, pins
 
 
-def _run(tensors) -> None:
+def _run(tensors):
+    """Run the graph of ``tensors`` and bind each to its result; returns ``run_graph``'s
+    ``(results, executable, graph, arrays)`` and each tensor's root index."""
     roots, position, pins = _pin(tensors)
-    results = execute(roots, out_shardings=pins)
-    for t in tensors:
-        data = results[position[(id(t._ir.node), t._ir.index)]]
-        t._ir = Value(data)
-        t._placed = data.sharding
-        t._held = True
+    ran = run_graph(roots, out_shardings=pins)
+    results = ran[0]
+    where = [position[(id(t._ir.node), t._ir.index)] for t in tensors]
+    for t, k in zip(tensors, where, strict=True):
+        bind(t, results[k])
+    return ran, where
+
+
+def bind(t: LazyTensor, data: DeviceData) -> None:
+    """``t`` now holds ``data``."""
+    t._ir = Value(data)
+    t._placed = data.sharding
+    t._held = True
 
 
 _last_step_end = [None]
+# What a captured step (compile_step) must notice while it traces: values read into Python,
+# and programs run in the middle of the step.
+EVENTS = {"host_reads": 0, "mark_steps": 0}
 
 
 def mark_step() -> None:
     """Run everything the live lazy tensors are waiting for, as one program, and bind each
     tensor to its result. Tensors no longer alive are not computed."""
     start = time.perf_counter()
+    EVENTS["mark_steps"] += 1
     if _last_step_end[0] is not None:
         # Host time between two steps: recording the step (and whatever else the loop does).
         _metrics.record("TraceTime", start - _last_step_end[0])
@@ -111,6 +124,7 @@ def to_torch(t) -> torch.Tensor:
     if not isinstance(t, LazyTensor):
         return t
     data = materialize(t)
+    EVENTS["host_reads"] += 1
     _metrics.count("TransferToHost")
     host = fetch(data.handle)
     dtype = IR_TO_TORCH[data.shape.dtype]

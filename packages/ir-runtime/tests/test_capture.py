@@ -1,0 +1,288 @@
+"""compile_step: traced calls, then replays, against torch eager; guards; refusals."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import ir_runtime as irt
+
+MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
+
+
+def pair(seed=0, dropout=0.0):
+    """The same MLP twice: on CPU, and on the lazy device sharded Megatron-style."""
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)]
+    if dropout:
+        layers.insert(2, torch.nn.Dropout(dropout))
+    eager = torch.nn.Sequential(*layers)
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    irt.mark_sharding(lazy[0].weight, MESH, ("model", None))
+    irt.mark_sharding(lazy[-1].weight, MESH, (None, "model"))
+    return eager, lazy
+
+
+def batches(n, batch=8, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(batch, 16, generator=g), torch.randn(batch, 4, generator=g)) for _ in range(n)
+    ]
+
+
+def train_fn(model, opt, zero_first=True):
+    def step(x, y):
+        if zero_first:
+            opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        if not zero_first:
+            opt.zero_grad()
+        return loss
+
+    return step
+
+
+def counters():
+    return irt.metrics()["counters"]
+
+
+def close(lazy, eager, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(irt.to_torch(lazy).numpy(), eager.detach().numpy(), rtol, atol)
+
+
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda p, lazy: torch.optim.SGD(p, lr=0.05),
+        lambda p, lazy: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+        lambda p, lazy: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=False),
+        # Its step counts on the lazy device (CPU torch refuses capturable).
+        lambda p, lazy: torch.optim.AdamW(p, lr=0.01, capturable=lazy),
+    ],
+    ids=["sgd", "sgd-nesterov", "sgd-momentum-single", "adamw-capturable"],
+)
+@pytest.mark.parametrize("zero_first", [True, False], ids=["zero-first", "zero-last"])
+def test_replays_match_eager(make_opt, zero_first):
+    eager, lazy = pair()
+    opt_e, opt_l = make_opt(eager.parameters(), False), make_opt(lazy.parameters(), True)
+    step_e = train_fn(eager, opt_e, zero_first)
+    step = irt.compile_step(train_fn(lazy, opt_l, zero_first))
+    irt.reset_metrics()
+    for x, y in batches(12):
+        loss = step(irt.to_lazy(x), irt.to_lazy(y))
+        expected = step_e(x, y)
+        close(loss, expected, rtol=2e-5)
+        assert not loss.requires_grad
+    assert step.replaying and step.reason is None
+    c = counters()
+    assert c["StepTraced"] <= 3 and c["StepReplay"] == 12 - c["StepTraced"]
+    assert c["CompileCount"] <= 2  # the first step makes the optimizer's state
+    for (name, p_l), p_e in zip(lazy.named_parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-4, atol=1e-5)
+        if zero_first:
+            close(p_l.grad, p_e.grad, rtol=1e-4, atol=1e-6)
+        else:
+            assert p_l.grad is None and p_e.grad is None, name
+
+
+def test_adam_without_capturable_is_traced_every_call_and_says_why():
+    eager, lazy = pair()
+    opt_e = torch.optim.Adam(eager.parameters(), lr=0.01)
+    step = irt.compile_step(train_fn(lazy, torch.optim.Adam(lazy.parameters(), lr=0.01)))
+    step_e = train_fn(eager, opt_e)
+    irt.reset_metrics()
+    with pytest.warns(irt.CaptureWarning, match="capturable=True"):
+        for x, y in batches(5):
+            close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y))
+    assert not step.replaying and "change from call to call" in step.reason
+    assert counters()["StepTraced"] == 5 and "StepReplay" not in counters()
+
+
+def test_learning_rate_schedule_is_guarded():
+    eager, lazy = pair()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.5)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1, momentum=0.5)
+    sched_e = torch.optim.lr_scheduler.StepLR(opt_e, step_size=4, gamma=0.3)
+    sched_l = torch.optim.lr_scheduler.StepLR(opt_l, step_size=4, gamma=0.3)
+    step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
+    irt.reset_metrics()
+    for x, y in batches(16):
+        close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y), rtol=1e-4)
+        sched_e.step()
+        sched_l.step()
+    c = counters()
+    assert c["StepGuardFailed"] == 3  # lr changed after steps 4, 8 and 12
+    assert c["StepReplay"] >= 16 - 3 - 3 * 2
+    close(lazy[0].weight, eager[0].weight, rtol=1e-4, atol=1e-6)
+
+
+def test_train_eval_flag_is_guarded_and_dropout_draws_fresh_masks():
+    eager, lazy = pair(dropout=0.5)
+
+    @irt.compile_step
+    def predict(x):
+        return lazy(x)
+
+    x = torch.randn(64, 16)
+    lx = irt.to_lazy(x)
+    with torch.no_grad():
+        outs = [irt.to_torch(predict(lx)) for _ in range(8)]
+        # Training mode: every call draws a new mask, replayed or not.
+        assert predict.replaying
+        for a in range(8):
+            for b in range(a):
+                assert not torch.equal(outs[a], outs[b])
+        lazy.eval()
+        eager.eval()
+        for _ in range(4):
+            close(predict(lx), eager(x))
+
+
+def test_dropout_stream_is_reproducible_across_trace_and_replay():
+    _, lazy = pair(dropout=0.3)
+
+    @irt.compile_step
+    def forward(x):
+        return lazy(x)
+
+    x = irt.to_lazy(torch.randn(32, 16))
+    runs = []
+    with torch.no_grad():
+        for _ in range(2):
+            torch.manual_seed(123)
+            runs.append([irt.to_torch(forward(x)) for _ in range(6)])
+    # The first run's first calls were traced, the second run's all replayed: the same numbers.
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_shapes_and_python_arguments_are_the_key():
+    @irt.compile_step
+    def scaled(x, scale, *, shift=0):
+        return {"out": x * scale + shift, "tag": ("const", scale)}
+
+    irt.reset_metrics()
+    for batch in (4, 8, 4, 8, 4, 8, 4, 8):
+        for scale in (2.0, 3.0):
+            x = torch.randn(batch, 3)
+            r = scaled(irt.to_lazy(x), scale, shift=1)
+            assert r["tag"] == ("const", scale)
+            close(r["out"], x * scale + 1)
+    c = counters()
+    assert c["StepReplay"] == 16 - c["StepTraced"] and c["StepTraced"] <= 8
+
+
+def test_host_tensor_arguments_are_read_every_call():
+    @irt.compile_step
+    def f(a, b):
+        return (a @ b).relu(), a.sum()
+
+    for _ in range(6):
+        a, b = torch.randn(5, 4), torch.randn(4, 3)
+        out, s = f(a, b)
+        close(out, (a @ b).relu())
+        close(s, a.sum())
+    assert f.replaying
+
+
+def test_a_lazy_argument_written_in_place_is_rebound_in_replays():
+    acc = irt.to_lazy(torch.zeros(3))
+
+    @irt.compile_step
+    def accumulate(total, x):
+        total.add_(x)
+
+    expected = torch.zeros(3)
+    for _ in range(6):
+        x = torch.randn(3)
+        expected += x
+        assert accumulate(acc, irt.to_lazy(x)) is None
+    assert accumulate.replaying
+    close(acc, expected)
+
+
+def test_a_change_made_between_calls_is_seen():
+    eager, lazy = pair()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+    step = irt.compile_step(train_fn(lazy, torch.optim.SGD(lazy.parameters(), lr=0.05)))
+    step_e = train_fn(eager, opt_e)
+    for k, (x, y) in enumerate(batches(10)):
+        if k in (5, 7):  # pending work on a parameter, outside the step
+            with torch.no_grad():
+                lazy[2].bias.mul_(0.5).add_(1.0)
+                eager[2].bias.mul_(0.5).add_(1.0)
+        close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y), rtol=1e-4)
+    assert step.replaying
+    close(lazy[2].bias, eager[2].bias, rtol=1e-4)
+
+
+def test_reading_a_value_inside_is_refused_and_still_right():
+    eager, lazy = pair()
+    seen = []
+
+    @irt.compile_step
+    def step(x):
+        out = lazy(x).sum()
+        seen.append(out.item())  # data reaches Python
+        return out
+
+    x = torch.randn(4, 16)
+    with pytest.warns(irt.CaptureWarning, match=r"\.item\(\)"):
+        for _ in range(4):
+            close(step(irt.to_lazy(x)), eager(x).sum(), rtol=1e-5)
+    assert not step.replaying and len(seen) == 4
+
+
+def test_a_tensor_kept_by_the_step_is_refused():
+    kept = []
+
+    @irt.compile_step
+    def step(x):
+        y = x * 2
+        kept.append(y)
+        return y + 1
+
+    with pytest.warns(irt.CaptureWarning, match="outlives the call"):
+        for _ in range(4):
+            x = torch.randn(3)
+            close(step(irt.to_lazy(x)), x * 2 + 1)
+    assert not step.replaying
+    close(kept[-1], x * 2)
+
+
+def test_mark_step_inside_is_refused():
+    @irt.compile_step
+    def step(x):
+        y = x + 1
+        irt.mark_step()
+        return y * 2
+
+    with pytest.warns(irt.CaptureWarning, match="mark_step"):
+        for _ in range(3):
+            close(step(irt.to_lazy(torch.ones(2))), torch.full((2,), 4.0))
+
+
+def test_errors_leave_nothing_behind():
+    calls = []
+
+    @irt.compile_step
+    def step(x, fail):
+        calls.append(fail)
+        if fail:
+            raise ValueError("boom")
+        return x.exp()
+
+    with pytest.raises(ValueError, match="boom"):
+        step(irt.to_lazy(torch.zeros(2)), True)
+    for _ in range(4):
+        close(step(irt.to_lazy(torch.zeros(2)), False), torch.ones(2))
+    assert step.replaying
+    # The hooks a traced call installs are gone: modules run without them afterwards.
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    with pytest.raises(TypeError, match=r"bytearray.*neither a tensor nor hashable"):
+        step(irt.to_lazy(torch.zeros(2)), bytearray(b"x"))
+    with pytest.raises(TypeError, match="takes a function"):
+        irt.compile_step(3)
