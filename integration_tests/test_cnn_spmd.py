@@ -51,11 +51,15 @@ def shard(model, mode):
 
 
 @pytest.mark.parametrize("mode", ["batch", "channels"])
-def test_cnn_matches_torch_eager(mode):
-    eager, lazy, losses_e, losses_l = train_side_by_side(sys.modules[__name__], mode)
+@pytest.mark.parametrize("compiled", [False, True], ids=["mark_step", "compile_step"])
+def test_cnn_matches_torch_eager(mode, compiled):
+    eager, lazy, losses_e, losses_l = train_side_by_side(sys.modules[__name__], mode, compiled)
     np.testing.assert_allclose(losses_l, losses_e, rtol=2e-4, atol=1e-5)
     assert_same_parameters(eager, lazy, rtol=1e-3, atol=1e-4)
     for be, bl in zip(eager.buffers(), lazy.buffers(), strict=True):
         np.testing.assert_allclose(irt.to_torch(bl).numpy(), be.numpy(), rtol=1e-3, atol=1e-4)
     # Step 1 has no momentum buffers yet; every later step is the same program.
-    assert irt.metrics()["counters"]["CompileCount"] == 2
+    counters = irt.metrics()["counters"]
+    assert counters["CompileCount"] == 2
+    if compiled:  # BatchNorm's running statistics are rebound by every replay too
+        assert counters["StepReplay"] == len(batches()) - 3

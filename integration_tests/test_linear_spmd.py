@@ -47,9 +47,13 @@ def shard(model, mode):
         irt.mark_sharding(model[2].weight, MESH, (None, "model"))
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["mark_step", "compile_step"])
 @pytest.mark.parametrize("mode", ["data", "fsdp", "megatron"])
-def test_linear_model_matches_torch_eager(mode):
-    eager, lazy, losses_e, losses_l = train_side_by_side(sys.modules[__name__], mode)
+def test_linear_model_matches_torch_eager(mode, compiled):
+    eager, lazy, losses_e, losses_l = train_side_by_side(sys.modules[__name__], mode, compiled)
     np.testing.assert_allclose(losses_l, losses_e, rtol=1e-4, atol=1e-6)
     assert_same_parameters(eager, lazy, rtol=1e-4, atol=1e-5)
-    assert irt.metrics()["counters"]["CompileCount"] == 1
+    counters = irt.metrics()["counters"]
+    assert counters["CompileCount"] == 1
+    if compiled:  # two steps traced, the rest replayed
+        assert (counters["StepTraced"], counters["StepReplay"]) == (2, STEPS - 2)

@@ -6,8 +6,9 @@ import os
 import re
 
 import numpy as np
+import pytest
 import torch
-from training import lazy_step
+from training import compiled_step, lazy_step
 
 import ir_runtime as irt
 from ir_runtime._frontend._tensor import live
@@ -54,7 +55,8 @@ def _rss_mb():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def test_500_steps_do_not_grow_memory():
+@pytest.mark.parametrize("compiled", [False, True], ids=["mark_step", "compile_step"])
+def test_500_steps_do_not_grow_memory(compiled):
     torch.manual_seed(0)
     model = irt.to_lazy(
         torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
@@ -63,8 +65,13 @@ def test_500_steps_do_not_grow_memory():
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(64, 16), torch.randn(64, 8)
     marks = {}
+    loss_fn = torch.nn.functional.mse_loss
+    step_fn = compiled_step(model, opt, loss_fn, MESH) if compiled else None
     for step in range(500):
-        lazy_step(model, opt, torch.nn.functional.mse_loss, x, y, MESH)
+        if compiled:
+            step_fn(x, y)
+        else:
+            lazy_step(model, opt, loss_fn, x, y, MESH)
         if step in (99, 499):
             gc.collect()
             marks[step] = (_rss_mb(), len(live()))

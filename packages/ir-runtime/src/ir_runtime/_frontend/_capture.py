@@ -369,7 +369,16 @@ class CompiledStep:
         for t in live():
             tid = id(t)
             busy = _pending(t)
-            if tid in entry_nodes:
+            if tid in arg_pos:
+                # Data an argument is rebound to (mark_sharding of the batch) is where a replay
+                # places the next argument anyway; computed values go back to a lazy argument.
+                if not busy or not isinstance(leaves[arg_pos[tid]], LazyTensor):
+                    if busy:  # a host tensor's own lazy copy, written by the step
+                        pending.append(t)
+                        roles.append((_DROP, None))
+                    continue
+                role = (_ARG, arg_pos[tid])
+            elif tid in entry_nodes:
                 if busy:
                     role = (_STATE, _ref(t))
                 elif t._ir.node is not entry_nodes[tid]:
@@ -392,10 +401,6 @@ class CompiledStep:
                 role = (_GRAD, _ref(grad_of[tid]))
             elif tid in bases:
                 role = (_DROP, None)
-            elif tid in arg_pos:
-                if not busy or not isinstance(leaves[arg_pos[tid]], LazyTensor):
-                    continue  # read only, or a host tensor's own lazy copy
-                role = (_ARG, arg_pos[tid])
             else:
                 plan.reasons.append(
                     f"a tensor it creates ({list(t.shape)}, {t.dtype}) outlives the call other "
