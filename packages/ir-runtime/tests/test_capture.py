@@ -286,3 +286,32 @@ def test_errors_leave_nothing_behind():
         step(irt.to_lazy(torch.zeros(2)), bytearray(b"x"))
     with pytest.raises(TypeError, match="takes a function"):
         irt.compile_step(3)
+
+
+def test_host_tensors_changed_in_place_are_read_again():
+    scale = torch.tensor([2.0, 3.0])
+
+    @irt.compile_step
+    def f(x):
+        return x * scale
+
+    x = torch.randn(4, 2)
+    for k in range(8):
+        if k == 5:
+            scale.fill_(-1.0)  # in place, between replays
+        close(f(irt.to_lazy(x)), x * scale)
+    assert f.replaying
+
+
+def test_a_tensor_learning_rate_filled_in_place_is_guarded():
+    eager, lazy = pair()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=torch.tensor(0.05))
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=torch.tensor(0.05))
+    step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
+    for k, (x, y) in enumerate(batches(10)):
+        if k == 6:
+            for opt in (opt_e, opt_l):
+                opt.param_groups[0]["lr"].fill_(0.2)
+        close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y), rtol=1e-4)
+    assert step.replaying
+    close(lazy[0].weight, eager[0].weight, rtol=1e-4, atol=1e-6)

@@ -26,6 +26,7 @@ import warnings
 import weakref
 
 import jax
+import ml_dtypes
 import numpy as np
 import torch
 import torch.nn.modules.module as _module
@@ -35,7 +36,7 @@ from ir_core import DeviceData, Value
 from ir_runtime import _metrics
 from ir_runtime._compile import _place
 from ir_runtime._data import fetch, put
-from ir_runtime._frontend import _rng, _step
+from ir_runtime._frontend import _rng, _step, _tensor
 from ir_runtime._frontend._api import to_lazy
 from ir_runtime._frontend._tensor import LazyTensor, live, wrap
 
@@ -61,6 +62,12 @@ def _flatten(x, leaves: list):
         return (t, tuple(_flatten(v, leaves) for v in x))
     leaves.append(x)
     return None
+
+
+@functools.cache
+def _flat(n: int):
+    """``_flatten``'s structure of ``(args, {})`` for ``n`` leaves."""
+    return _flatten(((None,) * n, {}), [])
 
 
 def _unflatten(structure, leaves):
@@ -103,10 +110,11 @@ _OUT, _GRAD, _DROP = "out", "grad", "drop"  # what a result binds to, besides _S
 
 
 def _hyper(opt) -> tuple:
-    """An optimizer's hyperparameters, as a replay compares them (tensors by identity)."""
+    """An optimizer's hyperparameters, as a replay compares them: host tensors (a learning rate
+    a scheduler fills in place) by value, lazy ones by identity (the program reads those)."""
     return tuple(
         tuple(
-            (k, ("tensor", id(v)) if isinstance(v, torch.Tensor) else v)
+            (k, _tensor_key(v) if isinstance(v, torch.Tensor) else v)
             for k, v in group.items()
             if k != "params"
         )
@@ -114,10 +122,27 @@ def _hyper(opt) -> tuple:
     )
 
 
+def _tensor_key(v: torch.Tensor):
+    if isinstance(v, LazyTensor):
+        return ("lazy", id(v))
+    return ("host", v.dtype, tuple(v.shape), v.detach().cpu().flatten().tolist())
+
+
 def _value_bytes(h) -> bytes:
     """A constant's value, to compare two recordings of a step."""
     a = fetch(h) if isinstance(h, jax.Array) else np.asarray(h)
     return str(a.dtype).encode() + str(a.shape).encode() + a.tobytes()
+
+
+def _host_bytes(t: torch.Tensor) -> bytes:
+    """A host tensor's value as ``_value_bytes`` gives its data node's."""
+    host = t.detach()
+    data = (
+        host.float().numpy().astype(ml_dtypes.bfloat16)
+        if host.dtype == torch.bfloat16
+        else host.numpy()
+    )
+    return _value_bytes(np.ascontiguousarray(data))
 
 
 def _data_node(t: LazyTensor):
@@ -147,6 +172,7 @@ class _Plan:
         self.optimizers: list = []  # (optimizer ref, hyperparameters)
         self.modules: list = []  # (module ref, training flag)
         self.grads: list = []  # (tensor ref, whether its .grad was None when the call began)
+        self.hosts: list = []  # (host tensor ref, its value then) for host tensors it read
 
     def same_as(self, other: _Plan) -> bool:
         """Whether two traced calls did the same thing: the condition for replaying."""
@@ -187,6 +213,10 @@ class _Plan:
         for ref, was_none in self.grads:
             t = ref()
             if t is None or (t.grad is None) is not was_none:
+                return _MISS
+        for ref, value in self.hosts:
+            t = ref()
+            if t is not None and _host_bytes(t) != value:
                 return _MISS
         exe = self.exe
         arrays = []
@@ -267,8 +297,12 @@ class CompiledStep:
         return bool(self._replay)
 
     def __call__(self, *args, **kwargs):
-        leaves: list = []
-        structure = _flatten((args, kwargs), leaves)
+        if kwargs or any(isinstance(a, (tuple, list, dict)) for a in args):
+            leaves: list = []
+            structure = _flatten((args, kwargs), leaves)
+        else:  # the common case: positional tensors and values
+            leaves = list(args)
+            structure = _flat(len(args))
         key = (structure, torch.is_grad_enabled(), *map(_leaf_key, range(len(leaves)), leaves))
         plan = self._replay.get(key)
         if plan is not None:
@@ -321,10 +355,12 @@ class CompiledStep:
             _module.register_module_forward_pre_hook(saw_module),
         ]
         events = dict(_step.EVENTS)
+        host_reads = _tensor.HOST_READS = []
         try:
             args, kwargs = _unflatten(structure, lazy)
             out = self.fn(*args, **kwargs)
         finally:
+            _tensor.HOST_READS = None
             for h in hooks:
                 h.remove()
         plan = _Plan()
@@ -422,6 +458,7 @@ class CompiledStep:
         for t in entry:
             state_nodes.setdefault(id(entry_nodes[id(t)]), []).append(_ref(t))
 
+        read_from = {id(node): ref for node, ref in host_reads}
         if pending:
             (_, exe, g, arrays), where = _step._run(pending)
             plan.exe = exe
@@ -437,6 +474,12 @@ class CompiledStep:
                 else:
                     plan.sources.append((_CONST, a))
                     plan.const_bytes.append(_value_bytes(p.handle))
+                    host = read_from.get(pid)
+                    if host is not None and host() is not None:
+                        # A host tensor that outlives the call: changed in place later (an
+                        # optimizer's tensor hyperparameter filled by a scheduler), it must
+                        # be read again.
+                        plan.hosts.append((host, plan.const_bytes[-1]))
             plan.bindings = [(kind, x, k) for (kind, x), k in zip(roles, where, strict=True)]
         else:
             plan.reasons.append("it computes nothing on the lazy device")

@@ -131,8 +131,16 @@ def as_value(x) -> Value:
             data = host.float().numpy().astype(ml_dtypes.bfloat16)
         else:
             data = host.numpy()
-        return Value(DeviceData(_record.shape_of(host), handle=np.array(data)))
+        value = Value(DeviceData(_record.shape_of(host), handle=np.array(data)))
+        if HOST_READS is not None:
+            HOST_READS.append((value.node, _ref(x)))
+        return value
     raise TypeError(f"expected a tensor, got {type(x).__name__}")
+
+
+# While a compiled step is traced: the host tensors its program reads, as (data node, weak
+# reference). A replay reads none of them, so it checks that those still alive hold the same.
+HOST_READS: list | None = None
 
 
 def _wrap_out(layout, node):
