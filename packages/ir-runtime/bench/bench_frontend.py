@@ -194,7 +194,7 @@ def main():
     args = parser.parse_args()
     trace = bench_trace(10_000, 5)
     tiny = bench_step(16, 32, 8, args.steps)
-    large = bench_step(1024, 1024, 1024, max(10, args.steps // 5))
+    large = bench_step(1024, 1024, 1024, max(10, args.steps // 2))
     print("\nTrace cost: 10,000 elementwise ops, us/op, median of 5 alternating rounds")
     print(
         f"bare __torch_dispatch__ subclass (floor) {trace['floor_us']:.2f}   "
