@@ -250,3 +250,58 @@ def test_a_write_through_one_view_shows_in_the_others(views):
     same(b, a)
     for lazy_view, eager_view in zip(vb, va, strict=True):
         same(lazy_view, eager_view)
+
+
+def test_the_positional_fast_path_prepares_exactly_what_the_general_one_does(monkeypatch):
+    """Calls without keyword arguments (how torch dispatches) take a specialized preparation;
+    for every op a small training step records, it must give prepare's key, operands and
+    attributes."""
+    from ir_runtime._frontend import _record, _tensor
+
+    checked = set()
+    generate = _record._generate_positional
+
+    def checking(plan, as_value):
+        fast = generate(plan, as_value)
+
+        def both(args):
+            got, want = fast(args), plan.prepare(args, {}, as_value)
+            assert got[0] == want[0] and got[2] == want[2], plan.op
+            assert [v.shape for v in got[1]] == [v.shape for v in want[1]], plan.op
+            checked.add(plan.op)
+            return got
+
+        return both
+
+    def fresh_plans():
+        _record._PLANS.clear()
+        _tensor._ROUTES.clear()
+
+    monkeypatch.setattr(_record, "_generate_positional", checking)
+    fresh_plans()
+    try:
+        torch.manual_seed(0)
+        model = irt.to_lazy(
+            torch.nn.Sequential(
+                torch.nn.Conv2d(2, 4, 3, padding=1),
+                torch.nn.BatchNorm2d(4),
+                torch.nn.ReLU(),
+                torch.nn.Flatten(),
+                torch.nn.LayerNorm(64),
+                torch.nn.Linear(64, 3),
+            )
+        )
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for _ in range(2):
+            x, y = irt.to_lazy(torch.randn(5, 2, 4, 4)), irt.to_lazy(torch.tensor([0, 2, 1, 1, 0]))
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            irt.mark_step()
+        assert np.isfinite(loss.item())
+    finally:
+        monkeypatch.undo()
+        fresh_plans()
+    assert len(checked) >= 20, sorted(checked)

@@ -54,7 +54,7 @@ _KEEP_SCALARS = frozenset(("aten::arange", "aten::linspace", "aten::logspace", "
 class Plan:
     """How one ATen overload's arguments map to operands and attributes."""
 
-    __slots__ = ("args", "lift", "name", "op", "prepare", "view")
+    __slots__ = ("args", "lift", "name", "op", "positional", "prepare", "view")
 
     def __init__(self, func):
         schema = func._schema
@@ -82,7 +82,8 @@ class Plan:
             else:
                 kind = OTHER
             self.args.append((a.name, kind, a.default_value if a.has_default_value() else _MISSING))
-        self.prepare = None
+        self.prepare = None  # (args, kwargs, as_value) -> (key, operands, attributes)
+        self.positional = None  # (args,) -> the same, for a call without keyword arguments
         # An op whose result aliases its first argument (view, select, slice, t, ...).
         returns = schema.returns
         self.view = bool(returns) and returns[0].alias_info is not None and not schema.is_mutable
@@ -218,7 +219,29 @@ def prepare(plan: Plan, args, kwargs, as_value):
     fn = plan.prepare
     if fn is None:
         fn = plan.prepare = _generate(plan)
+        plan.positional = _generate_positional(plan, as_value)
     return fn(args, kwargs, as_value)
+
+
+def _environment(plan: Plan) -> dict:
+    from ir_runtime._frontend._tensor import LazyTensor
+
+    env = {
+        "LAZY": LazyTensor,
+        "OP": plan.op,
+        "MISSING": _MISSING,
+        "NUMBERS": _NUMBERS,
+        "SPECIAL": _SPECIAL,
+        "PLAIN": _PLAIN,
+        "LIFT": plan.lift,
+        "scalar_leaf": scalar_leaf,
+        "number_leaf": number_leaf,
+        "float_dtype": _float_dtype,
+        "attr_value": attr_value,
+    }
+    for k, (_, _, default) in enumerate(plan.args):
+        env[f"D{k}"] = default
+    return env
 
 
 def _generate(plan: Plan):
@@ -231,85 +254,120 @@ def _generate(plan: Plan):
         "    attrs = {}",
         "    lifted = None",
     ]
-    from ir_runtime._frontend._tensor import LazyTensor
-
-    env = {
-        "LAZY": LazyTensor,
-        "OP": plan.op,
-        "MISSING": _MISSING,
-        "NUMBERS": _NUMBERS,
-        "SPECIAL": _SPECIAL,
-        "PLAIN": _PLAIN,
-        "scalar_leaf": scalar_leaf,
-        "number_leaf": number_leaf,
-        "float_dtype": _float_dtype,
-        "attr_value": attr_value,
-    }
-    for k, (name, kind, default) in enumerate(plan.args):
-        d = f"D{k}"
-        env[d] = default
-        lines.append(f"    v = args[{k}] if n > {k} else kwargs.get({name!r}, {d})")
-        body = {
-            TENSOR: [
-                "if type(v) is LAZY:",
-                "    v = v._ir",
-                "elif type(v) in NUMBERS:",
-                "    v = number_leaf(v, args)",
-                "else:",
-                "    v = as_value(v)",
-                "operands.append(v)",
-                "key.append(v.shape)",
-            ],
-            OTHER: [
-                "a = v if type(v) in PLAIN else attr_value(v)",
-                f"attrs[{name!r}] = a",
-                f"key.append(({name!r}, a))",
-            ],
-            SCALAR: [
-                "fd = float_dtype(args) if LIFT and type(v) is float and v not in SPECIAL "
-                "else None",
-                "if fd is not None:",
-                "    lifted = lifted or ([], [])",
-                f"    lifted[0].append({name!r})",
-                "    lifted[1].append(scalar_leaf(v, fd))",
-                f"    key.append({name!r})",
-                "else:",
-                "    a = v if type(v) in PLAIN else attr_value(v)",
-                f"    attrs[{name!r}] = a",
-                f"    key.append(({name!r}, a))",
-            ],
-            OPT_TENSOR: [
-                "if v is None:",
-                f"    attrs[{name!r}] = None",
-                "    key.append(None)",
-                "else:",
-                "    v = as_value(v)",
-                "    operands.append(v)",
-                "    key.append(v.shape)",
-            ],
-            TENSOR_LIST: [
-                "present = []",
-                "for t in v:",
-                "    if t is None:",
-                "        present.append(None)",
-                "    else:",
-                "        t = as_value(t)",
-                "        operands.append(t)",
-                "        present.append(t.shape)",
-                "if None in present:",
-                "    attrs['indexed'] = tuple(p is not None for p in present)",
-                "key.append(tuple(present))",
-            ],
-        }[kind]
+    for k, (name, kind, _) in enumerate(plan.args):
+        lines.append(f"    v = args[{k}] if n > {k} else kwargs.get({name!r}, D{k})")
         lines.append("    if v is not MISSING:")
-        lines += [f"        {line}" for line in body]
+        lines += [f"        {line}" for line in _argument(name, kind, "key.append({})")]
     lines += [
         "    if lifted is not None:",
         "        attrs['__lifted__'] = tuple(lifted[0])",
         "        operands.extend(lifted[1])",
         "    return tuple(key), operands, attrs",
     ]
-    env["LIFT"] = plan.lift
+    namespace: dict = {}
+    exec("\n".join(lines), _environment(plan), namespace)
+    return namespace["prepare"]
+
+
+def _generate_positional(plan: Plan, as_value):
+    """``prepare`` for calls without keyword arguments (how torch dispatches): one branch per
+    argument count, each reading its arguments or their defaults straight, and building the key
+    as one tuple. The same key, operands and attributes as ``prepare``, in the same order."""
+    env = _environment(plan)
+    lines = ["def positional(args):", "    n = len(args)"]
+    for n in range(len(plan.args) + 1):
+        lines += [
+            f"    if n == {n}:",
+            "        operands = []",
+            "        attrs = {}",
+            "        lifted = None",
+        ]
+        parts = []
+        for k, (name, kind, default) in enumerate(plan.args):
+            if k >= n and default is _MISSING:
+                continue  # as prepare skips it
+            parts.append(f"k{k}")
+            if k >= n and _constant_default(plan, kind, default):
+                # A default that stays an attribute: its attribute and key part are constants.
+                env[f"A{k}"] = a = default if type(default) in _PLAIN else attr_value(default)
+                env[f"K{k}"] = (name, a)
+                lines += [f"        attrs[{name!r}] = A{k}", f"        k{k} = K{k}"]
+                continue
+            lines.append(f"        v = args[{k}]" if k < n else f"        v = D{k}")
+            lines += [f"        {line}" for line in _argument(name, kind, f"k{k} = {{}}")]
+        lines += [
+            "        if lifted is not None:",
+            "            attrs['__lifted__'] = tuple(lifted[0])",
+            "            operands.extend(lifted[1])",
+            f"        return (OP, {''.join(p + ', ' for p in parts)}), operands, attrs",
+        ]
+    lines.append("    return PREPARE(args, NO_KWARGS, as_value)")
+    env.update(PREPARE=plan.prepare, NO_KWARGS={}, as_value=as_value)
     namespace: dict = {}
     exec("\n".join(lines), env, namespace)
-    return namespace["prepare"]
+    return namespace["positional"]
+
+
+def _constant_default(plan: Plan, kind: int, default) -> bool:
+    """Whether an absent argument's default becomes the same attribute every call."""
+    if kind == OTHER:
+        return True
+    if kind == SCALAR:
+        return not (plan.lift and type(default) is float and default not in _SPECIAL)
+    return False
+
+
+def _argument(name: str, kind: int, keep: str) -> list[str]:
+    """The lines that take one argument ``v`` in: operands, attributes, lifted scalars, and its
+    part of the key, given to ``keep`` (a format string)."""
+    return {
+        TENSOR: [
+            "if type(v) is LAZY:",
+            "    v = v._ir",
+            "elif type(v) in NUMBERS:",
+            "    v = number_leaf(v, args)",
+            "else:",
+            "    v = as_value(v)",
+            "operands.append(v)",
+            keep.format("v.shape"),
+        ],
+        OTHER: [
+            "a = v if type(v) in PLAIN else attr_value(v)",
+            f"attrs[{name!r}] = a",
+            keep.format(f"({name!r}, a)"),
+        ],
+        SCALAR: [
+            "fd = float_dtype(args) if LIFT and type(v) is float and v not in SPECIAL else None",
+            "if fd is not None:",
+            "    lifted = lifted or ([], [])",
+            f"    lifted[0].append({name!r})",
+            "    lifted[1].append(scalar_leaf(v, fd))",
+            "    " + keep.format(repr(name)),
+            "else:",
+            "    a = v if type(v) in PLAIN else attr_value(v)",
+            f"    attrs[{name!r}] = a",
+            "    " + keep.format(f"({name!r}, a)"),
+        ],
+        OPT_TENSOR: [
+            "if v is None:",
+            f"    attrs[{name!r}] = None",
+            "    " + keep.format("None"),
+            "else:",
+            "    v = as_value(v)",
+            "    operands.append(v)",
+            "    " + keep.format("v.shape"),
+        ],
+        TENSOR_LIST: [
+            "present = []",
+            "for t in v:",
+            "    if t is None:",
+            "        present.append(None)",
+            "    else:",
+            "        t = as_value(t)",
+            "        operands.append(t)",
+            "        present.append(t.shape)",
+            "if None in present:",
+            "    attrs['indexed'] = tuple(p is not None for p in present)",
+            keep.format("tuple(present)"),
+        ],
+    }[kind]

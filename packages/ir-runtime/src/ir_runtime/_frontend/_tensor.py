@@ -90,9 +90,11 @@ class LazyTensor(torch.Tensor):
             plan = route[1]
             if plan is not None and plan.prepare is not None:
                 # The common case, record() inlined: a seen op with one output.
-                if kwargs is None:
+                if kwargs:
+                    prepared = plan.prepare(args, kwargs, as_value)
+                else:
                     kwargs = _NO_KWARGS
-                prepared = plan.prepare(args, kwargs, as_value)
+                    prepared = plan.positional(args)
                 layout = _META.get(prepared[0])
                 if layout is not None and layout[0] == "one" and not plan.view:
                     out = _make(LazyTensor, layout[2], dtype=layout[3], device=DEVICE)
