@@ -18,9 +18,12 @@ import ir_runtime as irt
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def train(model_name: str, mode: str, steps=None, sleep=0.0, log=None, raise_at=None):
+def train(
+    model_name: str, mode: str, steps=None, sleep=0.0, log=None, raise_at=None, compiled=False
+):
     """Per-step losses, final parameters (numpy) and the compile count of one training run.
-    Every process calls it; each feeds only its own part of every batch."""
+    Every process calls it; each feeds only its own part of every batch. ``compiled``: the step
+    is an ``irt.compile_step``, replayed once captured."""
     if model_name == "linear":
         import test_linear_spmd as suite
     else:
@@ -31,6 +34,16 @@ def train(model_name: str, mode: str, steps=None, sleep=0.0, log=None, raise_at=
     opt = suite.make_optimizer(model)
     data = suite.batches()
     irt.reset_metrics()
+
+    def step(lx, ly):
+        loss = suite.LOSS(model(lx), ly)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    if compiled:
+        step = irt.compile_step(step)
     losses = []
     for k in range(steps or len(data)):
         x, y = data[k % len(data)]
@@ -42,11 +55,9 @@ def train(model_name: str, mode: str, steps=None, sleep=0.0, log=None, raise_at=
         ly = irt.from_process_local(
             y[irt.process_local_slices(mesh, y_spec, y.shape)], mesh, y_spec
         )
-        loss = suite.LOSS(model(lx), ly)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        irt.mark_step()
+        loss = step(lx, ly)
+        if not compiled:
+            irt.mark_step()
         losses.append(loss.item())  # replicated: no gather between processes
         if log:
             log(f"step {k} loss {losses[-1]:.6f}")
@@ -68,6 +79,7 @@ def main():
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds between steps")
     parser.add_argument("--raise-at", type=int, default=None, help="process 1 raises here")
     parser.add_argument("--uneven", action="store_true", help="process 1 runs 3 more steps")
+    parser.add_argument("--compiled", action="store_true", help="the step as irt.compile_step")
     args = parser.parse_args()
     irt.init()
     print(f"process {irt.process_index()} of {irt.process_count()}, pid {os.getpid()}", flush=True)
@@ -75,12 +87,19 @@ def main():
     if args.uneven and irt.process_index() == 1:
         steps += 3
     losses, params, compiles = train(
-        args.model, args.mode, steps, args.sleep, lambda m: print(m, flush=True), args.raise_at
+        args.model,
+        args.mode,
+        steps,
+        args.sleep,
+        lambda m: print(m, flush=True),
+        args.raise_at,
+        args.compiled,
     )
     print(f"compiles {compiles}", flush=True)
     if args.out and irt.process_index() == 0:
         arrays = {f"p{k}": p for k, p in enumerate(params)}
-        np.savez(args.out, losses=np.array(losses), compiles=compiles, **arrays)
+        replays = irt.metrics()["counters"].get("StepReplay", 0)
+        np.savez(args.out, losses=np.array(losses), compiles=compiles, replays=replays, **arrays)
 
 
 if __name__ == "__main__":

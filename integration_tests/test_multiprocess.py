@@ -55,6 +55,17 @@ def test_two_processes_train_as_one(tmp_path, model, mode):
     assert int(two["compiles"]) == (1 if model == "linear" else 2)
 
 
+def test_two_processes_replay_a_compiled_step(tmp_path):
+    """compile_step across processes: each process captures the step and replays it, in
+    lockstep, with the numbers of the traced run in one process."""
+    two = launch(tmp_path, "--model", "linear", "--mode", "megatron", "--compiled")
+    losses, params, _ = train("linear", "megatron")
+    np.testing.assert_allclose(two["losses"], losses, rtol=1e-5, atol=1e-7)
+    for k, p in enumerate(params):
+        np.testing.assert_allclose(two[f"p{k}"], p, rtol=1e-5, atol=1e-6)
+    assert int(two["compiles"]) == 1 and int(two["replays"]) == len(losses) - 2
+
+
 def _start_reading(proc):
     """Lines of ``proc``'s stdout as they come, plus the pids each process reports."""
     pids, lines = {}, []
