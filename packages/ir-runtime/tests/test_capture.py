@@ -315,3 +315,25 @@ def test_a_tensor_learning_rate_filled_in_place_is_guarded():
         close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y), rtol=1e-4)
     assert step.replaying
     close(lazy[0].weight, eager[0].weight, rtol=1e-4, atol=1e-6)
+
+
+def test_freezing_or_replacing_a_layer_is_guarded():
+    eager, lazy = pair()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.05)
+    step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
+    irt.reset_metrics()
+    for k, (x, y) in enumerate(batches(14)):
+        if k == 5:  # freeze the first layer
+            for m in (eager, lazy):
+                m[0].weight.requires_grad_(False)
+        if k == 9:  # a new last layer, in the optimizer too
+            torch.manual_seed(k)
+            eager[2] = torch.nn.Linear(32, 4)
+            lazy[2] = irt.to_lazy(copy.deepcopy(eager[2]))
+            opt_e.add_param_group({"params": eager[2].parameters()})
+            opt_l.add_param_group({"params": lazy[2].parameters()})
+        close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y), rtol=1e-4)
+    assert counters()["StepGuardFailed"] == 2 and step.replaying
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-4, atol=1e-6)

@@ -8,9 +8,11 @@ function and run the compiled program on the tensors' current data, as ``jax.jit
 
 What a replay checks before it runs (and traces again when any differs): the arguments' shapes,
 dtypes and structure, Python arguments by value, grad mode, the hyperparameters of every
-optimizer the step stepped, the ``training`` flag of every module it called, and that every
-tensor it reads still exists and holds data. Anything else the function reads from Python (a
-global, a closure) is frozen at capture, as in ``jax.jit``: pass it as an argument.
+optimizer the step stepped, every module it called (its ``training`` flag, which parameters,
+buffers and submodules it has, which parameters require grad), host tensors the program read,
+and that every tensor it reads still exists and holds data. Anything else the function reads
+from Python (a global, a closure) is frozen at capture, as in ``jax.jit``: pass it as an
+argument. Its Python side effects happen on traced calls only.
 
 A step is never replayed (it stays traced every call, with a ``CaptureWarning`` saying why) when
 its recording shows Python work a replay could not reproduce: it reads values to the host,
@@ -128,6 +130,46 @@ def _tensor_key(v: torch.Tensor):
     return ("host", v.dtype, tuple(v.shape), v.detach().cpu().flatten().tolist())
 
 
+def _module_state(m) -> tuple:
+    """What a replay checks of a module the step called: its mode, which parameters, buffers
+    and submodules it has (weakly, by identity), and whether each parameter requires grad."""
+    return (
+        m.training,
+        tuple((k, _weak(p), p is not None and p.requires_grad) for k, p in m._parameters.items()),
+        tuple((k, _weak(v)) for k, v in m._buffers.items()),
+        tuple((k, _weak(v)) for k, v in m._modules.items()),
+    )
+
+
+def _weak(v):
+    return None if v is None else _ref(v)
+
+
+def _same_module_state(m, state) -> bool:
+    training, params, buffers, children = state
+    if m.training is not training:
+        return False
+    table = m._parameters
+    if len(table) != len(params):
+        return False
+    for k, ref, requires_grad in params:
+        p = table.get(k)
+        if (
+            (p is not None)
+            if ref is None
+            else (p is not ref() or p.requires_grad is not requires_grad)
+        ):
+            return False
+    for table, saved in ((m._buffers, buffers), (m._modules, children)):
+        if len(table) != len(saved):
+            return False
+        for k, ref in saved:
+            v = table.get(k)
+            if (v is not None) if ref is None else (v is not ref()):
+                return False
+    return True
+
+
 def _value_bytes(h) -> bytes:
     """A constant's value, to compare two recordings of a step."""
     a = fetch(h) if isinstance(h, jax.Array) else np.asarray(h)
@@ -170,7 +212,7 @@ class _Plan:
         self.structure = None  # the return value's structure
         self.statics: list = []  # the return value's leaves; None where a tensor goes
         self.optimizers: list = []  # (optimizer ref, hyperparameters)
-        self.modules: list = []  # (module ref, training flag)
+        self.modules: list = []  # (module ref, _module_state of it)
         self.grads: list = []  # (tensor ref, whether its .grad was None when the call began)
         self.hosts: list = []  # (host tensor ref, its value then) for host tensors it read
 
@@ -206,9 +248,9 @@ class _Plan:
             opt = ref()
             if opt is None or _hyper(opt) != hyper:
                 return _MISS
-        for ref, training in self.modules:
+        for ref, state in self.modules:
             m = ref()
-            if m is None or m.training is not training:
+            if m is None or not _same_module_state(m, state):
                 return _MISS
         for ref, was_none in self.grads:
             t = ref()
@@ -485,7 +527,7 @@ class CompiledStep:
             plan.reasons.append("it computes nothing on the lazy device")
         _rng.next_step()
         plan.optimizers = [(_ref(o), _hyper(o)) for o in optimizers.values()]
-        plan.modules = [(_ref(m), m.training) for m in modules.values()]
+        plan.modules = [(_ref(m), _module_state(m)) for m in modules.values()]
 
         self._settle(key, plan)
         return _unflatten(plan.structure, outputs)  # the lazy ones now hold their results
