@@ -337,3 +337,15 @@ def test_freezing_or_replacing_a_layer_is_guarded():
     assert counters()["StepGuardFailed"] == 2 and step.replaying
     for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
         close(p_l, p_e, rtol=1e-4, atol=1e-6)
+
+
+def test_a_python_number_that_changes_every_call_is_named():
+    @irt.compile_step
+    def scale(x, factor):
+        return x * factor
+
+    x = torch.randn(3)
+    with pytest.warns(irt.CaptureWarning, match="pass numbers that change as tensors"):
+        for k in range(40):
+            close(scale(irt.to_lazy(x), 1.5 + k), x * (1.5 + k))
+    assert len(scale._last) == 32  # bounded

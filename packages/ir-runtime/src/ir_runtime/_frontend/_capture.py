@@ -322,6 +322,9 @@ def _pending(t) -> bool:
     return type(t._ir.node) is not DeviceData
 
 
+_SIGNATURES = 32  # argument signatures a compiled step keeps plans for
+
+
 class CompiledStep:
     """A step function traced on its first calls, then replayed (see ``compile_step``)."""
 
@@ -533,8 +536,17 @@ class CompiledStep:
         return _unflatten(plan.structure, outputs)  # the lazy ones now hold their results
 
     def _settle(self, key, plan: _Plan) -> None:
-        last = self._last.get(key)
-        self._last[key] = plan
+        last = self._last.pop(key, None)
+        self._last[key] = plan  # the most recent signature last
+        if len(self._last) > _SIGNATURES:
+            stale = next(iter(self._last))
+            del self._last[stale]
+            self._replay.pop(stale, None)
+            self._warn(
+                f"it was called with more than {_SIGNATURES} argument signatures (shapes, "
+                f"dtypes, Python values; the oldest are dropped): Python numbers among the "
+                f"arguments are part of the key, so pass numbers that change as tensors"
+            )
         if last is not None and last.same_as(plan):
             self._replay[key] = plan
             self.reason = None
@@ -553,15 +565,20 @@ class CompiledStep:
         if plan.reasons and last is not None and last.reasons:
             # Refused twice in a row: not the first call's one-time setup (optimizer state).
             self.reason = plan.reasons[0]
-            if self.reason not in self._warned:
-                self._warned.add(self.reason)
-                name = getattr(self.fn, "__qualname__", repr(self.fn))
-                warnings.warn(
-                    f"compiled step {name} is traced on every call, as mark_step would run it, "
-                    f"because {self.reason}",
-                    CaptureWarning,
-                    stacklevel=4,
-                )
+            self._warn(self.reason)
+
+    def _warn(self, reason: str) -> None:
+        """A ``CaptureWarning``, once per reason, pointing at the caller's line."""
+        if reason in self._warned:
+            return
+        self._warned.add(reason)
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        warnings.warn(
+            f"compiled step {name} is traced on every call, as mark_step would run it, "
+            f"because {reason}",
+            CaptureWarning,
+            stacklevel=5,
+        )
 
 
 def compile_step(fn=None):
