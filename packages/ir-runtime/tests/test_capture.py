@@ -349,3 +349,118 @@ def test_a_python_number_that_changes_every_call_is_named():
         for k in range(40):
             close(scale(irt.to_lazy(x), 1.5 + k), x * (1.5 + k))
     assert len(scale._last) == 32  # bounded
+
+
+def test_arguments_that_share_data_are_never_merged():
+    @irt.compile_step
+    def f(a, b):
+        return a * 2 + b
+
+    x = irt.to_lazy(torch.ones(4))
+    for _ in range(3):
+        close(f(x, x), torch.full((4,), 3.0))
+    close(f(x, irt.to_lazy(torch.full((4,), 10.0))), torch.full((4,), 12.0))
+    bias = irt.to_lazy(torch.full((4,), 2.0))
+
+    @irt.compile_step
+    def g(a):
+        return (3 * a - bias).sum()
+
+    for _ in range(3):
+        close(g(bias.clone()), torch.tensor(16.0))  # a clone shares the bias's data
+    close(g(irt.to_lazy(torch.ones(4))), torch.tensor(4.0))
+
+
+def test_gradients_of_lazy_arguments_reach_the_callers_tensors():
+    w = irt.to_lazy(torch.ones(4))
+
+    @irt.compile_step
+    def g(x):
+        (x * w).sum().backward()
+
+    xs = [irt.to_lazy(torch.randn(4)).requires_grad_() for _ in range(2)]
+    for _ in range(4):
+        g(xs[0])
+    g(xs[1])
+    close(xs[0].grad, torch.full((4,), 4.0))
+    close(xs[1].grad, torch.ones(4))
+
+
+def test_loading_optimizer_state_is_guarded_even_with_the_old_state_kept():
+    eager, lazy = pair()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1, momentum=0.9)
+    step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
+    kept = {}
+    for k, (x, y) in enumerate(batches(11)):
+        if k == 3:  # a checkpoint
+            kept["e"], kept["l"] = copy.deepcopy(opt_e.state_dict()), opt_l.state_dict()
+            kept["l"] = {"state": {}, "param_groups": kept["l"]["param_groups"]} | {
+                "state": {
+                    i: {"momentum_buffer": irt.to_lazy(irt.to_torch(s["momentum_buffer"]))}
+                    for i, s in kept["l"]["state"].items()
+                }
+            }
+        if k == 7:
+            live_state = opt_l.state_dict()  # noqa: F841  (the old buffers stay alive)
+            opt_e.load_state_dict(kept["e"])
+            opt_l.load_state_dict(kept["l"])
+        close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y), rtol=1e-4)
+    assert step.replaying
+    close(lazy[0].weight, eager[0].weight, rtol=1e-4, atol=1e-6)
+
+
+def test_freezing_a_parameter_of_a_module_it_does_not_call_is_guarded():
+    torch.manual_seed(0)
+    eager = torch.nn.Module()
+    eager.body, eager.head = torch.nn.Linear(16, 8), torch.nn.Parameter(torch.randn(8, 4))
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+
+    def train(m, opt):
+        def step(x, y):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m.body(x) @ m.head, y).backward()
+            opt.step()
+
+        return step
+
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    step = irt.compile_step(train(lazy, torch.optim.SGD(lazy.parameters(), lr=0.1)))
+    step_e = train(eager, opt_e)
+    for k, (x, y) in enumerate(batches(9)):
+        if k == 5:
+            eager.head.requires_grad_(False)
+            lazy.head.requires_grad_(False)
+        step(irt.to_lazy(x), irt.to_lazy(y))
+        step_e(x, y)
+    close(lazy.head, eager.head)
+    close(lazy.body.weight, eager.body.weight, rtol=1e-4, atol=1e-6)
+    assert step.replaying
+
+
+@pytest.mark.parametrize("read", [lambda cw: cw[:2], lambda cw: cw[0]], ids=["slice", "0-d"])
+def test_host_tensors_read_through_a_view_are_guarded(read):
+    cw = torch.tensor([2.0, 3.0, 4.0])
+
+    @irt.compile_step
+    def f(x):
+        return x * read(cw)
+
+    x = torch.randn(2)
+    for k in range(8):
+        if k == 5:
+            cw.mul_(-2.0)
+        close(f(irt.to_lazy(x)), x * read(cw))
+    assert f.replaying
+
+
+def test_a_forward_returning_its_autograd_graph_is_replayed():
+    eager, lazy = pair()
+
+    @irt.compile_step
+    def forward(x):
+        return lazy(x)  # grad enabled: the result comes back detached
+
+    for x, _ in batches(5):
+        close(forward(irt.to_lazy(x)), eager(x))
+    assert forward.replaying

@@ -305,3 +305,19 @@ def test_the_positional_fast_path_prepares_exactly_what_the_general_one_does(mon
         monkeypatch.undo()
         fresh_plans()
     assert len(checked) >= 20, sorted(checked)
+
+
+def test_forward_passes_without_backward_leave_nothing_alive():
+    """The autograd engine saves a result for backward as its detached alias; that alias must
+    not hold the result (and its graph) alive once the output is dropped."""
+    from ir_runtime._frontend._tensor import live
+
+    model = irt.to_lazy(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()))
+    x = irt.to_lazy(torch.randn(4, 8))
+    counts = []
+    for _ in range(30):
+        out = model(x).sum()  # grad enabled, never backward
+        irt.mark_step()
+        out.item()
+        counts.append(len(live()))
+    assert counts[-1] <= counts[5], counts

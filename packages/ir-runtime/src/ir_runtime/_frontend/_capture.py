@@ -24,6 +24,7 @@ call (Adam's bias corrections, computed from its CPU step count).
 from __future__ import annotations
 
 import functools
+import gc
 import warnings
 import weakref
 
@@ -184,7 +185,7 @@ def _host_bytes(t: torch.Tensor) -> bytes:
         if host.dtype == torch.bfloat16
         else host.numpy()
     )
-    return _value_bytes(np.ascontiguousarray(data))
+    return _value_bytes(np.asarray(data))
 
 
 def _data_node(t: LazyTensor):
@@ -211,10 +212,13 @@ class _Plan:
         self.bindings: list = []  # (kind, tensor ref / arg or output index, root index)
         self.structure = None  # the return value's structure
         self.statics: list = []  # the return value's leaves; None where a tensor goes
-        self.optimizers: list = []  # (optimizer ref, hyperparameters)
+        # (optimizer ref, hyperparameters, its state table and size, each group's params and size)
+        self.optimizers: list = []
         self.modules: list = []  # (module ref, _module_state of it)
         self.grads: list = []  # (tensor ref, whether its .grad was None when the call began)
         self.hosts: list = []  # (host tensor ref, its value then) for host tensors it read
+        self.requires: list = []  # (tensor ref, requires_grad) of tensors the program reads
+        self.grad_reads: list = []  # (tensor ref, gradient ref): gradients the program reads
 
     def same_as(self, other: _Plan) -> bool:
         """Whether two traced calls did the same thing: the condition for replaying."""
@@ -244,10 +248,16 @@ class _Plan:
 
     def replay(self, leaves: list, replayable_args: list):
         """Run the step on the current data, or ``_MISS`` when a guard says to trace it."""
-        for ref, hyper in self.optimizers:
+        for ref, hyper, state, size, params in self.optimizers:
             opt = ref()
-            if opt is None or _hyper(opt) != hyper:
+            if opt is None or opt.state is not state or len(state) != size:
+                return _MISS  # gone, or its state loaded (load_state_dict replaces the table)
+            groups = opt.param_groups
+            if len(groups) != len(params) or _hyper(opt) != hyper:
                 return _MISS
+            for group, (table, n) in zip(groups, params, strict=True):
+                if group["params"] is not table or len(table) != n:
+                    return _MISS
         for ref, state in self.modules:
             m = ref()
             if m is None or not _same_module_state(m, state):
@@ -255,6 +265,14 @@ class _Plan:
         for ref, was_none in self.grads:
             t = ref()
             if t is None or (t.grad is None) is not was_none:
+                return _MISS
+        for ref, flag in self.requires:
+            t = ref()
+            if t is None or t.requires_grad is not flag:
+                return _MISS
+        for ref, grad in self.grad_reads:
+            t = ref()
+            if t is None or t.grad is not grad():
                 return _MISS
         for ref, value in self.hosts:
             t = ref()
@@ -325,6 +343,59 @@ def _pending(t) -> bool:
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
 
 
+def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
+    """What each live lazy tensor is to a traced call: ``(pending tensors, their roles, reasons
+    the call cannot be replayed, whether a tensor it made outlives it unexplained)``."""
+    pending, roles, reasons, survivors = [], [], [], False
+    for t in live():
+        tid = id(t)
+        busy = _pending(t)
+        if tid in arg_pos:
+            # Data an argument is rebound to (mark_sharding of the batch) is where a replay
+            # places the next argument anyway; computed values go back to a lazy argument.
+            if not busy or not isinstance(leaves[arg_pos[tid]], LazyTensor):
+                if busy:  # a host tensor's own lazy copy, written by the step
+                    pending.append(t)
+                    roles.append((_DROP, None))
+                continue
+            role = (_ARG, arg_pos[tid])
+        elif tid in entry_nodes:
+            if busy:
+                role = (_STATE, _ref(t))
+            elif t._ir.node is not entry_nodes[tid]:
+                reasons.append(
+                    f"it rebinds a tensor ({list(t.shape)}, {t.dtype}) to other data without "
+                    f"computing it (mark_sharding of data, .data =): do that outside the step"
+                )
+                continue
+            else:
+                continue
+        elif tid in out_pos:
+            if not busy:
+                reasons.append(
+                    "it returns a tensor it did not compute (an argument, or a tensor from "
+                    "before the call); return only what the step computes"
+                )
+                continue
+            role = (_OUT, out_pos[tid])
+        elif tid in grad_of:
+            role = (_GRAD, _ref(grad_of[tid]))
+        elif tid in bases:
+            role = (_DROP, None)
+        else:
+            survivors = True
+            reasons.append(
+                f"a tensor it creates ({list(t.shape)}, {t.dtype}) outlives the call other "
+                f"than as its result or a gradient (kept in an attribute or a list), and a "
+                f"replay cannot recreate it"
+            )
+            role = (_DROP, None)  # computed all the same: nothing is left pending
+        if busy:
+            pending.append(t)
+            roles.append(role)
+    return pending, roles, reasons, survivors
+
+
 class CompiledStep:
     """A step function traced on its first calls, then replayed (see ``compile_step``)."""
 
@@ -381,11 +452,20 @@ class CompiledStep:
             for x in leaves
         ]
         arg_nodes = {}
+        owners: dict = {}  # data node -> the tensors holding it
+        for t in entry:
+            owners.setdefault(id(entry_nodes[id(t)]), set()).add(id(t))
+        aliased = False
         for i, x in enumerate(lazy):
             if isinstance(x, LazyTensor):
                 node = _data_node(x)
                 if node is not None:
+                    aliased = aliased or id(node) in arg_nodes  # passed twice
                     arg_nodes[id(node)] = i
+                    owners.setdefault(id(node), set()).add(id(x))
+        aliased = aliased or any(len(owners[n]) > 1 for n in arg_nodes)
+        arg_grads = any(isinstance(x, LazyTensor) and x.requires_grad for x in leaves)
+        del owners
         optimizers: dict = {}
         modules: dict = {}
 
@@ -416,6 +496,17 @@ class CompiledStep:
             )
         if _step.EVENTS["mark_steps"] != events["mark_steps"]:
             plan.reasons.append("it calls mark_step(); a compiled step runs as one program")
+        if aliased:
+            plan.reasons.append(
+                "its arguments share data with each other or with tensors it reads (the same "
+                "tensor passed twice, a clone or detach of a parameter), which its program "
+                "reads as one input"
+            )
+        if arg_grads:
+            plan.reasons.append(
+                "a lazy argument requires grad: its gradient goes to the caller's tensor, "
+                "which a replay of another call's argument cannot follow"
+            )
         out_leaves: list = []
         plan.structure = _flatten(out, out_leaves)
         del out, args, kwargs
@@ -441,57 +532,23 @@ class CompiledStep:
         bases = set()
         for t in grad_of.values():
             v = t.grad._view
-            while v is not None and isinstance(v[0], LazyTensor) and id(v[0]) not in entry_nodes:
-                bases.add(id(v[0]))
-                v = v[0]._view
+            while v is not None:
+                b = _tensor._base_of(v[0])
+                if not isinstance(b, LazyTensor) or id(b) in entry_nodes:
+                    break
+                bases.add(id(b))
+                v = b._view
         out_pos = {id(o): j for j, o in enumerate(outputs) if isinstance(o, LazyTensor)}
         arg_pos = {id(x): i for i, x in enumerate(lazy) if isinstance(x, LazyTensor)}
-        pending, roles = [], []
-        for t in live():
-            tid = id(t)
-            busy = _pending(t)
-            if tid in arg_pos:
-                # Data an argument is rebound to (mark_sharding of the batch) is where a replay
-                # places the next argument anyway; computed values go back to a lazy argument.
-                if not busy or not isinstance(leaves[arg_pos[tid]], LazyTensor):
-                    if busy:  # a host tensor's own lazy copy, written by the step
-                        pending.append(t)
-                        roles.append((_DROP, None))
-                    continue
-                role = (_ARG, arg_pos[tid])
-            elif tid in entry_nodes:
-                if busy:
-                    role = (_STATE, _ref(t))
-                elif t._ir.node is not entry_nodes[tid]:
-                    plan.reasons.append(
-                        f"it rebinds a tensor ({list(t.shape)}, {t.dtype}) to other data without "
-                        f"computing it (mark_sharding of data, .data =): do that outside the step"
-                    )
-                    continue
-                else:
-                    continue
-            elif tid in out_pos:
-                if not busy:
-                    plan.reasons.append(
-                        "it returns a tensor it did not compute (an argument, or a tensor from "
-                        "before the call); return only what the step computes"
-                    )
-                    continue
-                role = (_OUT, out_pos[tid])
-            elif tid in grad_of:
-                role = (_GRAD, _ref(grad_of[tid]))
-            elif tid in bases:
-                role = (_DROP, None)
-            else:
-                plan.reasons.append(
-                    f"a tensor it creates ({list(t.shape)}, {t.dtype}) outlives the call other "
-                    f"than as its result or a gradient (kept in an attribute or a list), and a "
-                    f"replay cannot recreate it"
-                )
-                role = (_DROP, None)  # computed all the same: nothing is left pending
-            if busy:
-                pending.append(t)
-                roles.append(role)
+        classified = _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases)
+        if classified[3]:
+            # Tensors that seem to outlive the call may be held only by reference cycles (an
+            # autograd graph returned with a result): collect those before blaming the step.
+            classified = None
+            gc.collect()
+            classified = _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases)
+        pending, roles, reasons, _ = classified
+        plan.reasons += reasons
         for i, x in enumerate(lazy):
             if isinstance(x, LazyTensor) and type(x._ir.node) is DeviceData:
                 arg_nodes.setdefault(id(x._ir.node), i)  # placed inside the step
@@ -503,7 +560,14 @@ class CompiledStep:
         for t in entry:
             state_nodes.setdefault(id(entry_nodes[id(t)]), []).append(_ref(t))
 
-        read_from = {id(node): ref for node, ref in host_reads}
+        read_from: dict = {}
+        for node, refs in host_reads:
+            read_from[id(node)] = refs
+        grad_owner = {}  # a gradient at entry -> the tensor it is the .grad of
+        for t in entry:
+            g = entry_grads.get(id(t))
+            if g is not None:
+                grad_owner[id(g)] = t
         if pending:
             (_, exe, g, arrays), where = _step._run(pending)
             plan.exe = exe
@@ -513,23 +577,40 @@ class CompiledStep:
                 if pid in arg_nodes:
                     plan.sources.append((_ARG, arg_nodes[pid]))
                 elif pid in state_nodes:
-                    plan.sources.append((_STATE, tuple(state_nodes[pid])))
+                    refs = tuple(state_nodes[pid])
+                    plan.sources.append((_STATE, refs))
+                    if len(refs) == 1:  # (aliases may differ; the one read then is unknown)
+                        t = refs[0]()
+                        plan.requires.append((refs[0], t.requires_grad))
+                        owner = grad_owner.get(id(t))
+                        if owner is not None:  # read as p.grad: p must still have it
+                            plan.grad_reads.append((_ref(owner), refs[0]))
                 elif p is key_node:
                     plan.sources.append((_RNG, None))
                 else:
                     plan.sources.append((_CONST, a))
                     plan.const_bytes.append(_value_bytes(p.handle))
-                    host = read_from.get(pid)
-                    if host is not None and host() is not None:
-                        # A host tensor that outlives the call: changed in place later (an
-                        # optimizer's tensor hyperparameter filled by a scheduler), it must
-                        # be read again.
-                        plan.hosts.append((host, plan.const_bytes[-1]))
+                    # A host tensor (or the base of the view) read that outlives the call:
+                    # changed in place later (a tensor learning rate a scheduler fills), it
+                    # must be read again.
+                    for ref in read_from.get(pid, ()):
+                        host = ref() if ref is not None else None
+                        if host is not None:
+                            plan.hosts.append((ref, _host_bytes(host)))
             plan.bindings = [(kind, x, k) for (kind, x), k in zip(roles, where, strict=True)]
         else:
             plan.reasons.append("it computes nothing on the lazy device")
         _rng.next_step()
-        plan.optimizers = [(_ref(o), _hyper(o)) for o in optimizers.values()]
+        plan.optimizers = [
+            (
+                _ref(o),
+                _hyper(o),
+                o.state,  # held: a dict cannot be weakly referenced; a new trace lets it go
+                len(o.state),
+                tuple((g["params"], len(g["params"])) for g in o.param_groups),
+            )
+            for o in optimizers.values()
+        ]
         plan.modules = [(_ref(m), _module_state(m)) for m in modules.values()]
 
         self._settle(key, plan)

@@ -62,7 +62,9 @@ class LazyTensor(torch.Tensor):
     _spec = None  # the sharding the user annotated
     _placed = None  # the sharding of the data it last held
     _held = False  # whether it has held data (a parameter, a step's result), not only IR
-    _view = None  # (base, view op, its other args, kwargs) when it is a view of a lazy tensor
+    # (base, view op, its other args, kwargs) when it is a view of a lazy tensor; a detached
+    # alias holds a weak reference to its base.
+    _view = None
     _views = 0  # how many views of it were made: more than one, and a write must refresh them
 
     @staticmethod
@@ -135,13 +137,15 @@ def as_value(x) -> Value:
             data = host.numpy()
         value = Value(DeviceData(_record.shape_of(host), handle=np.array(data)))
         if HOST_READS is not None:
-            HOST_READS.append((value.node, _ref(x)))
+            base = x._base
+            HOST_READS.append((value.node, (_ref(x), None if base is None else _ref(base))))
         return value
     raise TypeError(f"expected a tensor, got {type(x).__name__}")
 
 
-# While a compiled step is traced: the host tensors its program reads, as (data node, weak
-# reference). A replay reads none of them, so it checks that those still alive hold the same.
+# While a compiled step is traced: the host tensors its program reads, as (data node, (weak
+# reference, one to its base if it is a view)). A replay reads none of them, so it checks that
+# those still alive hold the same.
 HOST_READS: list | None = None
 
 
@@ -208,6 +212,7 @@ def _write_through(t: LazyTensor) -> None:
     shared storage would, and on up through the base's own base."""
     while t._view is not None:
         base, func, rest, kwargs = t._view
+        base = _base_of(base)
         if not isinstance(base, LazyTensor):
             return
         new = wrap(t._ir)
@@ -238,6 +243,11 @@ def _write_through(t: LazyTensor) -> None:
         t = base
 
 
+def _base_of(link):
+    """A view's base: held weakly by a detached alias (see ``_same_value``)."""
+    return link() if type(link) is weakref.ref else link
+
+
 def _refresh_views(base: LazyTensor, written: LazyTensor) -> None:
     """Recompute every other live view of ``base`` (and their views) from its new value, as
     shared storage would show it; ``written`` already holds its own new value."""
@@ -246,7 +256,7 @@ def _refresh_views(base: LazyTensor, written: LazyTensor) -> None:
         b = stack.pop()
         for v in live():
             link = v._view
-            if v is written or link is None or link[0] is not b:
+            if v is written or link is None or _base_of(link[0]) is not b:
                 continue
             _, func, rest, kwargs = link
             v._ir = b._ir if func is None else record(func, (b, *rest), kwargs)._ir
@@ -397,7 +407,11 @@ def _local_scalar_dense(func, args, kwargs):
 def _same_value(func, args, kwargs):
     out = wrap(args[0]._ir)
     if func is not aten.clone.default and func is not aten.contiguous.default:
-        out._view = (args[0], None, (), {})  # detach and alias share the tensor's storage
+        # Detach and alias share the tensor's storage, so writes go through to it. Weakly: the
+        # autograd engine saves a result for backward as its detached alias, which would
+        # otherwise hold the result (and its graph) alive in a cycle through C++ that no
+        # garbage collection sees.
+        out._view = (_ref(args[0]), None, (), {})
         args[0]._views += 1
     return out
 
