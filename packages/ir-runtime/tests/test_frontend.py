@@ -1,5 +1,7 @@
 """The PyTorch front end, op by op and feature by feature, against torch eager."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -321,3 +323,65 @@ def test_forward_passes_without_backward_leave_nothing_alive():
         out.item()
         counts.append(len(live()))
     assert counts[-1] <= counts[5], counts
+
+
+def test_tied_weights_stay_tied_and_train_like_eager():
+    torch.manual_seed(0)
+    eager = torch.nn.ModuleDict(
+        {"emb": torch.nn.Embedding(10, 8), "head": torch.nn.Linear(8, 10, bias=False)}
+    )
+    eager["head"].weight = eager["emb"].weight
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    assert lazy["head"].weight is lazy["emb"].weight
+    assert len(list(lazy.parameters())) == 1
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (eager, lazy)]
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    for _ in range(3):
+        for m, opt, t in ((eager, opts[0], tokens), (lazy, opts[1], irt.to_lazy(tokens))):
+            logits = m["head"](m["emb"](t))
+            torch.nn.functional.cross_entropy(logits.reshape(-1, 10), t.reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad()
+        irt.mark_step()
+    same(lazy["emb"].weight, eager["emb"].weight, rtol=1e-5, atol=1e-6)
+
+
+def test_module_to_a_dtype_converts_the_values():
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(4, 3)
+    lazy = irt.to_lazy(torch.nn.Linear(4, 3))
+    lazy.load_state_dict(eager.state_dict())
+    eager.to(torch.bfloat16)
+    lazy.to(torch.bfloat16)
+    assert lazy.weight.dtype == torch.bfloat16 and irt.to_torch(lazy.weight).dtype == torch.bfloat16
+    assert torch.equal(irt.to_torch(lazy.weight), eager.weight.detach())
+    x = torch.randn(2, 4).bfloat16()
+    out = lazy(irt.to_lazy(x))
+    assert out.dtype == torch.bfloat16
+    same(out.float(), eager(x).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_batch_norm_gradients_in_both_modes(training):
+    torch.manual_seed(0)
+    eager = torch.nn.BatchNorm1d(5)
+    with torch.no_grad():
+        eager.running_mean.uniform_(-1, 1)
+        eager.running_var.uniform_(0.5, 2.0)
+        eager.weight.uniform_(0.5, 1.5)
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    eager.train(training)
+    lazy.train(training)
+    x = torch.randn(8, 5)
+    w = torch.randn(8, 5)
+    (eager(x) * w).sum().backward()
+    lx = irt.to_lazy(x).requires_grad_()
+    (lazy(lx) * irt.to_lazy(w)).sum().backward()
+    same(
+        lx.grad,
+        torch.autograd.grad((eager(x.requires_grad_()) * w).sum(), x)[0],
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    same(lazy.weight.grad, eager.weight.grad, rtol=1e-4, atol=1e-5)
+    same(lazy.bias.grad, eager.bias.grad, rtol=1e-4, atol=1e-5)

@@ -38,15 +38,23 @@ def to_lazy(x):
     (its parameters become lazy ``Parameter``s) and returned.
     """
     if isinstance(x, torch.nn.Module):
+        moved: dict = {}  # one lazy tensor per host tensor: tied weights stay tied
         for module in x.modules():
             for name, p in list(module._parameters.items()):
                 if p is not None and not isinstance(p, LazyTensor):
-                    param = torch.nn.Parameter(_lazy_tensor(p.data), requires_grad=p.requires_grad)
-                    param._view = None  # Parameter detaches a temporary: no base to write to
+                    param = moved.get(id(p))
+                    if param is None:
+                        param = torch.nn.Parameter(
+                            _lazy_tensor(p.data), requires_grad=p.requires_grad
+                        )
+                        param._view = None  # Parameter detaches a temporary: no base to write
+                        moved[id(p)] = param
                     module._parameters[name] = param
             for name, b in list(module._buffers.items()):
                 if b is not None and not isinstance(b, LazyTensor):
-                    module._buffers[name] = _lazy_tensor(b)
+                    if id(b) not in moved:
+                        moved[id(b)] = _lazy_tensor(b)
+                    module._buffers[name] = moved[id(b)]
         return x
     if isinstance(x, torch.Tensor):
         return _lazy_tensor(x)

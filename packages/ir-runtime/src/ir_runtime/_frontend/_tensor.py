@@ -24,6 +24,7 @@ from ir_runtime._lowering import RULES
 
 DEVICE = torch.device("lazy", 0)
 _make = torch.Tensor._make_wrapper_subclass
+_DATA = torch._C.TensorBase.data  # torch's own .data descriptor
 _ref = weakref.ref
 aten = torch.ops.aten
 
@@ -84,6 +85,23 @@ class LazyTensor(torch.Tensor):
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def data(self):
+        return _DATA.__get__(self)
+
+    @data.setter
+    def data(self, new):
+        """``t.data = other`` (what ``Module.to(dtype)`` does): torch swaps the metadata, and the
+        tensor takes ``other``'s value; a sharding annotation stays when the rank does."""
+        value = as_value(new)  # first: a bad value changes nothing
+        _DATA.__set__(self, new)
+        self._ir = value
+        spec = self._spec
+        if spec is not None and spec.rank not in (None, len(value.shape.dims)):
+            self._spec = None
+        if type(value.node) is DeviceData:
+            self._held, self._placed = True, value.node.sharding
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

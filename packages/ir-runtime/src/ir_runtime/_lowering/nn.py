@@ -184,13 +184,18 @@ def _batch_norm_eval(node, x, weight, bias, running_mean, running_var):
 
 @register("aten::native_batch_norm_backward.default")
 def _batch_norm_backward(node, grad, x, weight, running_mean, running_var, save_mean, save_rstd):
-    """Training-mode gradient: the batch statistics depend on x."""
+    """In training mode the batch statistics depend on x; in eval mode (``train`` false) the
+    running statistics are constants."""
     eps = node.attrs.get("eps", 1e-5)
     axes = (0, *range(2, x.ndim))
+    train = node.attrs.get("train", True)
 
     def forward(x, w):
-        mean = jnp.mean(x, axis=axes, keepdims=True)
-        var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+        if train:
+            mean = jnp.mean(x, axis=axes, keepdims=True)
+            var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+        else:
+            mean, var = running_mean.reshape(_bn_shape(x)), running_var.reshape(_bn_shape(x))
         return (x - mean) * lax.rsqrt(var + eps) * w.reshape(_bn_shape(x))
 
     _, vjp = jax.vjp(forward, x, weight)
