@@ -385,3 +385,24 @@ def test_batch_norm_gradients_in_both_modes(training):
     )
     same(lazy.weight.grad, eager.weight.grad, rtol=1e-4, atol=1e-5)
     same(lazy.bias.grad, eager.bias.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_views_held_by_the_user_see_writes_to_their_base():
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(4, 3)
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    views_e = [eager.weight.detach(), eager.weight[1], eager.weight.t()[:, :2]]
+    views_l = [lazy.weight.detach(), lazy.weight[1], lazy.weight.t()[:, :2]]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.5) for m in (eager, lazy)]
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        for m, opt, xx in ((eager, opts[0], x), (lazy, opts[1], irt.to_lazy(x))):
+            m(xx).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        irt.mark_step()
+    with torch.no_grad():
+        eager.weight.mul_(2.0)
+        lazy.weight.mul_(2.0)
+    for v_l, v_e in zip(views_l, views_e, strict=True):
+        same(v_l, v_e, rtol=1e-5, atol=1e-6)

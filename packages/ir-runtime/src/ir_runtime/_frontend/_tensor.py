@@ -66,7 +66,7 @@ class LazyTensor(torch.Tensor):
     # (base, view op, its other args, kwargs) when it is a view of a lazy tensor; a detached
     # alias holds a weak reference to its base.
     _view = None
-    _views = 0  # how many views of it were made: more than one, and a write must refresh them
+    _views = None  # weak references to the views made of it: a write must refresh them
 
     @staticmethod
     def __new__(cls, value: Value, requires_grad: bool = False):
@@ -200,8 +200,18 @@ def record(func, args, kwargs, plan: Plan | None = None, prepared=None):
     out = LazyTensor.__new__(LazyTensor, Value(node, 0))
     if plan.view:
         out._view = (args[0], func, args[1:], kwargs)
-        args[0]._views += 1
+        _add_view(args[0], out)
     return out
+
+
+def _add_view(base: LazyTensor, view: LazyTensor) -> None:
+    views = base._views
+    if views is None:
+        base._views = [_ref(view)]
+        return
+    views.append(_ref(view))
+    if len(views) >= 16 and not len(views) & (len(views) - 1):  # at powers of two: drop the dead
+        views[:] = [r for r in views if r() is not None]
 
 
 def _functional(func):
@@ -226,8 +236,11 @@ def rebind(t: LazyTensor, value: Value) -> None:
 
 
 def _write_through(t: LazyTensor) -> None:
-    """After ``t`` (a view) was written in place, write its new value into its base, as torch's
-    shared storage would, and on up through the base's own base."""
+    """After ``t`` was written in place, show the write where torch's shared storage would: in
+    its own views, and, if it is a view, in its base (on up through the base's own base) and
+    the base's other views."""
+    if t._views:
+        _refresh_views(t, written=None)
     while t._view is not None:
         base, func, rest, kwargs = t._view
         base = _base_of(base)
@@ -256,7 +269,7 @@ def _write_through(t: LazyTensor) -> None:
                 f"device; write the base tensor instead (or clone the view first)"
             )
         base._ir = value._ir
-        if base._views > 1:
+        if len(base._views or ()) > 1:
             _refresh_views(base, written=t)
         t = base
 
@@ -266,13 +279,18 @@ def _base_of(link):
     return link() if type(link) is weakref.ref else link
 
 
-def _refresh_views(base: LazyTensor, written: LazyTensor) -> None:
+def _refresh_views(base: LazyTensor, written) -> None:
     """Recompute every other live view of ``base`` (and their views) from its new value, as
-    shared storage would show it; ``written`` already holds its own new value."""
+    shared storage would show it; ``written`` (a view, or None) already holds its own."""
     stack = [base]
     while stack:
         b = stack.pop()
-        for v in live():
+        alive = []
+        for r in b._views or ():
+            v = r()
+            if v is None:
+                continue
+            alive.append(r)
             link = v._view
             if v is written or link is None or _base_of(link[0]) is not b:
                 continue
@@ -280,6 +298,7 @@ def _refresh_views(base: LazyTensor, written: LazyTensor) -> None:
             v._ir = b._ir if func is None else record(func, (b, *rest), kwargs)._ir
             if v._views:
                 stack.append(v)
+        b._views = alive or None
 
 
 _RESHAPES = frozenset(
@@ -430,7 +449,7 @@ def _same_value(func, args, kwargs):
         # otherwise hold the result (and its graph) alive in a cycle through C++ that no
         # garbage collection sees.
         out._view = (_ref(args[0]), None, (), {})
-        args[0]._views += 1
+        _add_view(args[0], out)
     return out
 
 
