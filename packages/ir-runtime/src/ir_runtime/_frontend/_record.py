@@ -294,7 +294,17 @@ def _generate_positional(plan: Plan, as_value):
                 lines += [f"        attrs[{name!r}] = A{k}", f"        k{k} = K{k}"]
                 continue
             lines.append(f"        v = args[{k}]" if k < n else f"        v = D{k}")
-            lines += [f"        {line}" for line in _argument(name, kind, f"k{k} = {{}}")]
+            body = _argument(name, kind, f"k{k} = {{}}")
+            if kind == TENSOR and k > 0 and n > 0 and plan.args[0][1] == TENSOR:
+                # A number beside a lazy first operand (x + 1.0): floats take its dtype, as
+                # number_leaf would find it, and a seen number is one lookup.
+                at = body.index("    v = number_leaf(v, args)")
+                body[at : at + 1] = [
+                    "    fd = k0.dtype if type(args[0]) is LAZY and k0.dtype in FLOATS else None",
+                    "    leaf = LEAVES.get((type(v), v, fd)) if fd is not None else None",
+                    "    v = leaf if leaf is not None else number_leaf(v, args)",
+                ]
+            lines += [f"        {line}" for line in body]
         lines += [
             "        if lifted is not None:",
             "            attrs['__lifted__'] = tuple(lifted[0])",
@@ -302,7 +312,13 @@ def _generate_positional(plan: Plan, as_value):
             f"        return (OP, {''.join(p + ', ' for p in parts)}), operands, attrs",
         ]
     lines.append("    return PREPARE(args, NO_KWARGS, as_value)")
-    env.update(PREPARE=plan.prepare, NO_KWARGS={}, as_value=as_value)
+    env.update(
+        PREPARE=plan.prepare,
+        NO_KWARGS={},
+        as_value=as_value,
+        FLOATS=_FLOATS,
+        LEAVES=_NUMBER_LEAVES,
+    )
     namespace: dict = {}
     exec("\n".join(lines), env, namespace)
     return namespace["positional"]
