@@ -280,6 +280,7 @@ class _Plan:
                 return _MISS
         exe = self.exe
         arrays = []
+        rng = None
         for (kind, x), shape, sharding in zip(
             self.sources, self.shapes, exe.in_shardings, strict=True
         ):
@@ -301,11 +302,15 @@ class _Plan:
                     _metrics.count("TransferToDevice")
                     arrays.append(put(host.numpy(), sharding))
                     continue
-            else:  # _RNG
-                node = _rng._key()[0].node
+            else:  # _RNG: drawn last, once nothing can send the call back to tracing
+                rng = len(arrays)
+                arrays.append(sharding)
+                continue
             if type(node) is not DeviceData or node.shape != shape:
                 return _MISS
             arrays.append(_place(node, sharding))
+        if rng is not None:
+            arrays[rng] = _place(_rng._key()[0].node, arrays[rng])
         results = exe.results(exe.run(arrays))
         outputs = list(self.statics)
         for kind, x, k in self.bindings:
