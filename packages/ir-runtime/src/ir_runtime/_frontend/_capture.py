@@ -7,18 +7,21 @@ program, read the same tensors and bind their results to the same tensors, later
 function and run the compiled program on the tensors' current data, as ``jax.jit`` does.
 
 What a replay checks before it runs (and traces again when any differs): the arguments' shapes,
-dtypes and structure, Python arguments by value, grad mode, the hyperparameters of every
-optimizer the step stepped, every module it called (its ``training`` flag, which parameters,
-buffers and submodules it has, which parameters require grad), host tensors the program read,
-and that every tensor it reads still exists and holds data. Anything else the function reads
-from Python (a global, a closure) is frozen at capture, as in ``jax.jit``: pass it as an
-argument. Its Python side effects happen on traced calls only.
+dtypes and structure, Python arguments by value, grad mode, every optimizer the step stepped
+(hyperparameters, state table, parameter lists), every module it called (its ``training`` flag,
+which parameters, buffers and submodules it has, which parameters require grad), whether the
+tensors the program reads still require grad and are still the ``.grad`` they were read as,
+host tensors the program read (or their view's base), and that every tensor it reads still
+exists and holds data. Anything else the function reads from Python (a global, a closure) is
+frozen at capture, as in ``jax.jit``: pass it as an argument. Its Python side effects happen on
+traced calls only.
 
 A step is never replayed (it stays traced every call, with a ``CaptureWarning`` saying why) when
 its recording shows Python work a replay could not reproduce: it reads values to the host,
 calls ``mark_step``, keeps a tensor it made outside its return value, rebinds a tensor to new
-data without computing it, or feeds the program values made in Python that change from call to
-call (Adam's bias corrections, computed from its CPU step count).
+data without computing it, takes arguments that share data or a lazy argument that requires
+grad, or feeds the program values made in Python that change from call to call (Adam's bias
+corrections, computed from its CPU step count).
 """
 
 from __future__ import annotations
