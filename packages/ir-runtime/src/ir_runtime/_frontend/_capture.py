@@ -32,7 +32,6 @@ import warnings
 import weakref
 
 import jax
-import ml_dtypes
 import numpy as np
 import torch
 import torch.nn.modules.module as _module
@@ -44,6 +43,7 @@ from ir_runtime._compile import _place
 from ir_runtime._data import fetch, put
 from ir_runtime._frontend import _rng, _step, _tensor
 from ir_runtime._frontend._api import to_lazy
+from ir_runtime._frontend._step import _pending
 from ir_runtime._frontend._tensor import LazyTensor, live, wrap
 
 _ref = weakref.ref
@@ -182,13 +182,7 @@ def _value_bytes(h) -> bytes:
 
 def _host_bytes(t: torch.Tensor) -> bytes:
     """A host tensor's value as ``_value_bytes`` gives its data node's."""
-    host = t.detach()
-    data = (
-        host.float().numpy().astype(ml_dtypes.bfloat16)
-        if host.dtype == torch.bfloat16
-        else host.numpy()
-    )
-    return _value_bytes(np.asarray(data))
+    return _value_bytes(_tensor.host_numpy(t))
 
 
 def _data_node(t: LazyTensor):
@@ -344,10 +338,6 @@ def _alive(refs):
     return None
 
 
-def _pending(t) -> bool:
-    return type(t._ir.node) is not DeviceData
-
-
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
 
 
@@ -368,16 +358,15 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
                 continue
             role = (_ARG, arg_pos[tid])
         elif tid in entry_nodes:
-            if busy:
-                role = (_STATE, _ref(t))
-            elif t._ir.node is not entry_nodes[tid]:
-                reasons.append(
-                    f"it rebinds a tensor ({list(t.shape)}, {t.dtype}) to other data without "
-                    f"computing it (mark_sharding of data, .data =): do that outside the step"
-                )
+            if not busy:
+                if t._ir.node is not entry_nodes[tid]:
+                    reasons.append(
+                        f"it rebinds a tensor ({list(t.shape)}, {t.dtype}) to other data "
+                        f"without computing it (mark_sharding of data, .data =): do that "
+                        f"outside the step"
+                    )
                 continue
-            else:
-                continue
+            role = (_STATE, _ref(t))
         elif tid in out_pos:
             if not busy:
                 reasons.append(
@@ -459,21 +448,22 @@ class CompiledStep:
             to_lazy(x) if isinstance(x, torch.Tensor) and not isinstance(x, LazyTensor) else x
             for x in leaves
         ]
-        arg_nodes = {}
-        owners: dict = {}  # data node -> the tensors holding it
+        # Data node -> the tensors holding it at entry. Tensors that share data (a gradient and
+        # the momentum buffer cloned from it) are one source: a replay reads whichever of them
+        # is still alive then.
+        holders: dict = {}
         for t in entry:
-            owners.setdefault(id(entry_nodes[id(t)]), set()).add(id(t))
-        aliased = False
+            holders.setdefault(id(entry_nodes[id(t)]), []).append(t)
+        arg_nodes = {}
+        aliased = False  # an argument's data reaches the program another way too
         for i, x in enumerate(lazy):
             if isinstance(x, LazyTensor):
                 node = _data_node(x)
                 if node is not None:
-                    aliased = aliased or id(node) in arg_nodes  # passed twice
+                    others = [h for h in holders.get(id(node), ()) if h is not x]
+                    aliased = aliased or id(node) in arg_nodes or bool(others)
                     arg_nodes[id(node)] = i
-                    owners.setdefault(id(node), set()).add(id(x))
-        aliased = aliased or any(len(owners[n]) > 1 for n in arg_nodes)
         arg_grads = any(isinstance(x, LazyTensor) and x.requires_grad for x in leaves)
-        del owners
         optimizers: dict = {}
         modules: dict = {}
 
@@ -562,20 +552,9 @@ class CompiledStep:
                 arg_nodes.setdefault(id(x._ir.node), i)  # placed inside the step
         key_node = _rng._state["key"]
         key_node = key_node.node if key_node is not None else None
-        # Tensors that share data (a gradient and the momentum buffer cloned from it): a replay
-        # reads whichever of them is still alive then.
-        state_nodes: dict = {}
-        for t in entry:
-            state_nodes.setdefault(id(entry_nodes[id(t)]), []).append(_ref(t))
-
-        read_from: dict = {}
-        for node, refs in host_reads:
-            read_from[id(node)] = refs
-        grad_owner = {}  # a gradient at entry -> the tensor it is the .grad of
-        for t in entry:
-            g = entry_grads.get(id(t))
-            if g is not None:
-                grad_owner[id(g)] = t
+        read_from = {id(node): refs for node, refs in host_reads}
+        # A gradient at entry -> the tensor it is the .grad of.
+        grad_owner = {id(g): t for t in entry if (g := entry_grads.get(id(t))) is not None}
         if pending:
             (_, exe, g, arrays), where = _step._run(pending)
             plan.exe = exe
@@ -584,8 +563,8 @@ class CompiledStep:
                 pid = id(p)
                 if pid in arg_nodes:
                     plan.sources.append((_ARG, arg_nodes[pid]))
-                elif pid in state_nodes:
-                    refs = tuple(state_nodes[pid])
+                elif pid in holders:
+                    refs = tuple(_ref(h) for h in holders[pid])
                     plan.sources.append((_STATE, refs))
                     if len(refs) == 1:  # (aliases may differ; the one read then is unknown)
                         t = refs[0]()

@@ -141,6 +141,14 @@ def wrap(value: Value) -> LazyTensor:
     return LazyTensor(value)
 
 
+def host_numpy(x: torch.Tensor) -> np.ndarray:
+    """A host tensor's value as numpy, bfloat16 kept (as ml_dtypes' bfloat16)."""
+    host = x.detach().cpu()
+    if host.dtype == torch.bfloat16:
+        return host.float().numpy().astype(ml_dtypes.bfloat16)
+    return host.numpy()
+
+
 def as_value(x) -> Value:
     """The IR value of an argument: a lazy tensor's value, or a host tensor as a parameter."""
     if type(x) is LazyTensor or isinstance(x, LazyTensor):  # the first test is the fast one
@@ -148,12 +156,7 @@ def as_value(x) -> Value:
     if isinstance(x, torch.Tensor):
         if x.device.type == "meta":
             raise UnsupportedOpError(f"a meta tensor {x.shape} reached the lazy device")
-        host = x.detach().cpu()
-        if host.dtype == torch.bfloat16:
-            data = host.float().numpy().astype(ml_dtypes.bfloat16)
-        else:
-            data = host.numpy()
-        value = Value(DeviceData(_record.shape_of(host), handle=np.array(data)))
+        value = Value(DeviceData(_record.shape_of(x), handle=np.array(host_numpy(x))))
         if HOST_READS is not None:
             base = x._base
             HOST_READS.append((value.node, (_ref(x), None if base is None else _ref(base))))
