@@ -100,6 +100,26 @@ def test_unsupported_op_names_the_aten_op():
         torch.linalg.eig(x)
 
 
+def test_a_rule_registered_after_an_op_was_refused_is_used_from_then_on():
+    """The error tells the user to register a rule: doing so must take effect for an op the
+    front end has already seen (and refused)."""
+    import jax
+
+    from ir_runtime._frontend import _tensor
+    from ir_runtime._lowering import RULES
+
+    x = torch.rand(5) + 0.5
+    lx = irt.to_lazy(x)
+    with pytest.raises(irt.UnsupportedOpError, match=r"lgamma"):
+        torch.lgamma(lx)
+    irt.register_lowering("aten::lgamma.default")(lambda node, v: jax.lax.lgamma(v))
+    try:
+        same(torch.lgamma(lx) * 2.0, torch.lgamma(x) * 2.0, rtol=1e-5, atol=1e-5)
+    finally:
+        del RULES["aten::lgamma.default"]
+        _tensor._forget_routes()
+
+
 @pytest.mark.parametrize("foreach", [False, True])
 @pytest.mark.parametrize("opt_name", ["SGD", "Adam", "AdamW"])
 def test_optimizers_single_tensor_and_foreach(opt_name, foreach):
@@ -254,32 +274,35 @@ def test_a_write_through_one_view_shows_in_the_others(views):
         same(lazy_view, eager_view)
 
 
-def test_the_positional_fast_path_prepares_exactly_what_the_general_one_does(monkeypatch):
-    """Calls without keyword arguments (how torch dispatches) take a specialized preparation;
-    for every op a small training step records, it must give prepare's key, operands and
-    attributes."""
+def test_the_positional_fast_path_prepares_exactly_what_the_general_one_does():
+    """Calls without keyword arguments (how torch dispatches) take a preparation in C; for
+    every op a small training step records, it must give the general preparation's key,
+    operands and attributes. A dispatch mode sees each call before the lazy tensor does."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
     from ir_runtime._frontend import _record, _tensor
 
     checked = set()
-    generate = _record._generate_positional
 
-    def checking(plan, as_value):
-        fast = generate(plan, as_value)
-
-        def both(args):
-            got, want = fast(args), plan.prepare(args, {}, as_value)
-            assert got[0] == want[0] and got[2] == want[2], plan.op
-            assert [v.shape for v in got[1]] == [v.shape for v in want[1]], plan.op
-            checked.add(plan.op)
-            return got
-
-        return both
+    class Check(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            route = _tensor._ROUTES.get(id(func))
+            if not kwargs and route is not None and route[1] is not None:
+                plan = route[1]
+                got = plan.positional(args)
+                if got is not None:
+                    want = _record.prepare(plan, args, {}, _tensor.as_value)
+                    assert got[0] == want[0] and got[2] == want[2], plan.op
+                    assert [(v.node.dag_hash, v.index) for v in got[1]] == [
+                        (v.node.dag_hash, v.index) for v in want[1]
+                    ], plan.op
+                    checked.add(plan.op)
+            return func(*args, **(kwargs or {}))
 
     def fresh_plans():
         _record._PLANS.clear()
-        _tensor._ROUTES.clear()
+        _tensor._forget_routes()
 
-    monkeypatch.setattr(_record, "_generate_positional", checking)
     fresh_plans()
     try:
         torch.manual_seed(0)
@@ -296,15 +319,15 @@ def test_the_positional_fast_path_prepares_exactly_what_the_general_one_does(mon
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         for _ in range(2):
             x, y = irt.to_lazy(torch.randn(5, 2, 4, 4)), irt.to_lazy(torch.tensor([0, 2, 1, 1, 0]))
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
+            with Check():
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad()
             irt.mark_step()
         assert np.isfinite(loss.item())
     finally:
-        monkeypatch.undo()
         fresh_plans()
     assert len(checked) >= 20, sorted(checked)
 

@@ -9,6 +9,9 @@ import torch
 
 from ir_core import DeviceData, Shape, Value
 from ir_runtime._errors import DTypeError
+from ir_runtime._frontend import _fast
+
+DEVICE = torch.device("lazy", 0)
 
 TORCH_TO_IR = {
     torch.bool: "bool",
@@ -83,11 +86,17 @@ class Plan:
                 kind = OTHER
             self.args.append((a.name, kind, a.default_value if a.has_default_value() else _MISSING))
         self.prepare = None  # (args, kwargs, as_value) -> (key, operands, attributes)
-        self.positional = None  # (args,) -> the same, for a call without keyword arguments
         # An op whose result aliases its first argument (view, select, slice, t, ...).
         returns = schema.returns
         self.view = bool(returns) and returns[0].alias_info is not None and not schema.is_mutable
         self.lift = schema.name not in _KEEP_SCALARS
+        # (args,) -> the same as prepare, for a call without keyword arguments (how torch
+        # dispatches), in C. An absent default that always gives the same attribute is given
+        # as that attribute and its key part.
+        constants = [_constant(self, name, kind, default) for name, kind, default in self.args]
+        self.positional = _fast.Positional(
+            self, [c[0] for c in constants], [c[1] for c in constants]
+        )
 
 
 _MISSING = object()
@@ -168,8 +177,9 @@ def infer(func, key, args, kwargs):
     out = func(*_meta_arg(list(args)), **meta_kwargs)
     if isinstance(out, torch.Tensor):
         # The output's dims and torch dtype ride along: tracing's fast path builds the wrapper
-        # from them directly.
-        result = ("one", (shape_of(out),), tuple(out.shape), out.dtype)
+        # from them directly (the keyword arguments of _make_wrapper_subclass, made once).
+        dims = tuple(out.shape)
+        result = ("one", (shape_of(out),), dims, out.dtype, {"dtype": out.dtype, "device": DEVICE})
     elif isinstance(out, (tuple, list)):
         layout = tuple(isinstance(o, torch.Tensor) for o in out)
         result = ("many", tuple(shape_of(o) for o in out if isinstance(o, torch.Tensor)), layout)
@@ -215,11 +225,11 @@ def _float_dtype(args):
 def prepare(plan: Plan, args, kwargs, as_value):
     """One pass over an op's arguments: the shape-inference memo key (tensors by Shape, lifted
     floats by kind only), the operands, and the attributes. Each op gets its own straight-line
-    function, generated from its schema the first time (tracing runs this for every op)."""
+    function, generated from its schema the first time. (Calls without keyword arguments, as
+    torch makes them, take ``plan.positional`` in C instead: the same results.)"""
     fn = plan.prepare
     if fn is None:
         fn = plan.prepare = _generate(plan)
-        plan.positional = _generate_positional(plan, as_value)
     return fn(args, kwargs, as_value)
 
 
@@ -269,68 +279,16 @@ def _generate(plan: Plan):
     return namespace["prepare"]
 
 
-def _generate_positional(plan: Plan, as_value):
-    """``prepare`` for calls without keyword arguments (how torch dispatches): one branch per
-    argument count, each reading its arguments or their defaults straight, and building the key
-    as one tuple. The same key, operands and attributes as ``prepare``, in the same order."""
-    env = _environment(plan)
-    lines = ["def positional(args):", "    n = len(args)"]
-    for n in range(len(plan.args) + 1):
-        lines += [
-            f"    if n == {n}:",
-            "        operands = []",
-            "        attrs = {}",
-            "        lifted = None",
-        ]
-        parts = []
-        for k, (name, kind, default) in enumerate(plan.args):
-            if k >= n and default is _MISSING:
-                continue  # as prepare skips it
-            parts.append(f"k{k}")
-            if k >= n and _constant_default(plan, kind, default):
-                # A default that stays an attribute: its attribute and key part are constants.
-                env[f"A{k}"] = a = default if type(default) in _PLAIN else attr_value(default)
-                env[f"K{k}"] = (name, a)
-                lines += [f"        attrs[{name!r}] = A{k}", f"        k{k} = K{k}"]
-                continue
-            lines.append(f"        v = args[{k}]" if k < n else f"        v = D{k}")
-            body = _argument(name, kind, f"k{k} = {{}}")
-            if kind == TENSOR and k > 0 and n > 0 and plan.args[0][1] == TENSOR:
-                # A number beside a lazy first operand (x + 1.0): floats take its dtype, as
-                # number_leaf would find it, and a seen number is one lookup.
-                at = body.index("    v = number_leaf(v, args)")
-                body[at : at + 1] = [
-                    "    fd = k0.dtype if type(args[0]) is LAZY and k0.dtype in FLOATS else None",
-                    "    leaf = LEAVES.get((type(v), v, fd)) if fd is not None else None",
-                    "    v = leaf if leaf is not None else number_leaf(v, args)",
-                ]
-            lines += [f"        {line}" for line in body]
-        lines += [
-            "        if lifted is not None:",
-            "            attrs['__lifted__'] = tuple(lifted[0])",
-            "            operands.extend(lifted[1])",
-            f"        return (OP, {''.join(p + ', ' for p in parts)}), operands, attrs",
-        ]
-    lines.append("    return PREPARE(args, NO_KWARGS, as_value)")
-    env.update(
-        PREPARE=plan.prepare,
-        NO_KWARGS={},
-        as_value=as_value,
-        FLOATS=_FLOATS,
-        LEAVES=_NUMBER_LEAVES,
-    )
-    namespace: dict = {}
-    exec("\n".join(lines), env, namespace)
-    return namespace["positional"]
-
-
-def _constant_default(plan: Plan, kind: int, default) -> bool:
-    """Whether an absent argument's default becomes the same attribute every call."""
-    if kind == OTHER:
-        return True
-    if kind == SCALAR:
-        return not (plan.lift and type(default) is float and default not in _SPECIAL)
-    return False
+def _constant(plan: Plan, name: str, kind: int, default):
+    """(attribute, key part) an absent argument's default gives on every call, or
+    (MISSING, MISSING) when it has none or its part depends on the call."""
+    if default is _MISSING:
+        return _MISSING, _MISSING
+    lifted = plan.lift and type(default) is float and default not in _SPECIAL
+    if kind == OTHER or (kind == SCALAR and not lifted):
+        a = default if type(default) in _PLAIN else attr_value(default)
+        return a, (name, a)
+    return _MISSING, _MISSING
 
 
 def _argument(name: str, kind: int, keep: str) -> list[str]:

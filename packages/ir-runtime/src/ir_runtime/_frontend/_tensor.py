@@ -18,20 +18,19 @@ from torch._decomp import core_aten_decompositions, decomposition_table
 from ir_core import DeviceData, Generic, Value
 from ir_runtime import _metrics
 from ir_runtime._errors import UnsupportedOpError
-from ir_runtime._frontend import _record
-from ir_runtime._frontend._record import _META, IR_TO_TORCH, Plan, infer, plan_of, prepare
-from ir_runtime._lowering import RULES
+from ir_runtime._frontend import _fast, _record
+from ir_runtime._frontend._record import _META, DEVICE, IR_TO_TORCH, Plan, infer, plan_of, prepare
+from ir_runtime._lowering import RULES, _registry
 
-DEVICE = torch.device("lazy", 0)
 _make = torch.Tensor._make_wrapper_subclass
 _DATA = torch._C.TensorBase.data  # torch's own .data descriptor
 _ref = weakref.ref
 aten = torch.ops.aten
 
-# Every lazy tensor, in creation order (weak references), so mark_step finds the live ones with
-# pending work in the same order every step: a program's outputs are in that order.
+# Every lazy tensor, in creation order (weak references, out of the cyclic collector's sight:
+# see _fast), so mark_step finds the live ones with pending work in the same order every step:
+# a program's outputs are in that order.
 _LIVE: list = []
-_compact_at = [10_000]  # drop dead references when the list grows past this
 
 
 def live() -> list:
@@ -47,7 +46,9 @@ def live() -> list:
 
 
 def _compact() -> None:
-    _compact_at[0] = max(10_000, 2 * len(live()))
+    """Drop the dead references once the list has grown past its threshold; the next one is
+    twice what is left (at least 10,000), so compaction stays amortized O(1) per tensor."""
+    _fast.set_compact_at(max(10_000, 2 * len(live())))
 
 
 # torch's core ATen decompositions first, then its wider table (mse_loss and friends).
@@ -79,9 +80,7 @@ class LazyTensor(torch.Tensor):
         if type(value.node) is DeviceData:
             t._held = True
             t._placed = value.node.sharding
-        _LIVE.append(_ref(t))
-        if len(_LIVE) > _compact_at[0]:
-            _compact()
+        _track(t)
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -103,28 +102,8 @@ class LazyTensor(torch.Tensor):
         if type(value.node) is DeviceData:
             self._held, self._placed = True, value.node.sharding
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        route = _ROUTES.get(id(func))
-        if route is not None:
-            plan = route[1]
-            if plan is not None and plan.prepare is not None:
-                # The common case, record() inlined: a seen op with one output.
-                if kwargs:
-                    prepared = plan.prepare(args, kwargs, as_value)
-                else:
-                    kwargs = _NO_KWARGS
-                    prepared = plan.positional(args)
-                layout = _META.get(prepared[0])
-                if layout is not None and layout[0] == "one" and not plan.view:
-                    out = _make(LazyTensor, layout[2], dtype=layout[3], device=DEVICE)
-                    out._ir = Value(Generic(plan.op, prepared[1], layout[1], prepared[2]), 0)
-                    _LIVE.append(_ref(out))
-                    if len(_LIVE) > _compact_at[0]:
-                        _compact()
-                    return out
-                return record(func, args, kwargs, plan, prepared)
-        return dispatch(func, args, kwargs or _NO_KWARGS)
+    # A seen op with one output is recorded in C (_fast); the rest comes to _dispatch.
+    __torch_dispatch__ = classmethod(_fast.torch_dispatch)
 
     def __repr__(self, *, tensor_contents=None):
         from ir_runtime._frontend._step import to_torch
@@ -519,12 +498,35 @@ _ROUTES: dict = {}
 _NO_KWARGS: dict = {}
 
 
+def _forget_routes() -> None:
+    _ROUTES.clear()
+    _fast.forget()
+
+
+_registry.ON_CHANGE.append(_forget_routes)
+
+
 def _route(func):
     handler = SPECIAL.get(func)
     plan = plan_of(func)
     recordable = plan if handler is None and plan.op in RULES else None
     route = _ROUTES[id(func)] = (handler, recordable, plan)
+    if recordable is not None:
+        _fast.register(func, plan.positional)
     return route
+
+
+def _dispatch(cls, func, types, args=(), kwargs=None):
+    """What the C dispatch leaves: keyword arguments, first sightings, several outputs, views,
+    in-place and special ops."""
+    route = _ROUTES.get(id(func))
+    if route is not None:
+        plan = route[1]
+        if plan is not None:
+            if kwargs:
+                return record(func, args, kwargs, plan)
+            return record(func, args, _NO_KWARGS, plan, plan.positional(args))
+    return dispatch(func, args, kwargs or _NO_KWARGS)
 
 
 def dispatch(func, args, kwargs):
@@ -555,3 +557,26 @@ def dispatch(func, args, kwargs):
         f"Report it (with the model that needs it); meanwhile compute it on CPU "
         f"(t.cpu()) or register a rule with ir_runtime.register_lowering({plan.op!r})"
     )
+
+
+_fast.configure(
+    lazy=LazyTensor,
+    make=_make,
+    generic=Generic,
+    value=Value,
+    meta=_META,
+    leaves=_record._NUMBER_LEAVES,
+    floats=_record._FLOATS,
+    special=_record._SPECIAL,
+    number_leaf=_record.number_leaf,
+    float_dtype=_record._float_dtype,
+    scalar_leaf=_record.scalar_leaf,
+    attr_value=_record.attr_value,
+    as_value=as_value,
+    slow=_dispatch,
+    record=record,
+    live=_LIVE,
+    compact=_compact,
+    missing=_record._MISSING,
+)
+_track = _fast.track

@@ -10,6 +10,9 @@ from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._errors import UnsupportedOpError
 
 RULES: dict[str, Callable] = {}
+# Called after a rule is added: the front end forgets how it routed ops, so an op it has
+# decomposed or refused is recorded from now on.
+ON_CHANGE: list[Callable[[], None]] = []
 
 
 def register(*ops: str):
@@ -19,7 +22,10 @@ def register(*ops: str):
         for op in ops:
             if op in RULES:
                 raise ValueError(f"{op!r} already has a lowering rule ({RULES[op].__qualname__})")
+        for op in ops:
             RULES[op] = fn
+        for hook in ON_CHANGE:
+            hook()
         return fn
 
     return add
