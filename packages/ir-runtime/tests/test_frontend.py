@@ -332,6 +332,23 @@ def test_the_positional_fast_path_prepares_exactly_what_the_general_one_does():
     assert len(checked) >= 20, sorted(checked)
 
 
+def test_the_live_registry_is_outside_the_cyclic_collector():
+    """Each lazy tensor is registered by a weak reference without a callback (which cannot be
+    part of a cycle), kept out of the cyclic collector; dead ones still drop out of live()."""
+    import gc
+
+    from ir_runtime._frontend import _tensor
+
+    x = irt.to_lazy(torch.ones(3))
+    ys = [x + 1.0 for _ in range(3)]  # the first through the Python path, the rest in C
+    refs = [r for r in _tensor._LIVE if any(r() is t for t in (x, *ys))]
+    assert len(refs) == 4
+    assert not any(gc.is_tracked(r) for r in refs)
+    del ys
+    alive = _tensor.live()
+    assert any(t is x for t in alive) and sum(1 for r in refs if r() is not None) == 1
+
+
 def test_forward_passes_without_backward_leave_nothing_alive():
     """The autograd engine saves a result for backward as its detached alias; that alias must
     not hold the result (and its graph) alive once the output is dropped."""
