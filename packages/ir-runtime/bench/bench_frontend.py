@@ -194,11 +194,11 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    trace = bench_trace(10_000, 9)
+    trace = bench_trace(10_000, 15)
     tiny = bench_step(16, 32, 8, args.steps)
     large = bench_step(1024, 1024, 1024, max(10, args.steps // 2))
     print(
-        "\nTrace cost: 10,000 elementwise ops, us/op, medians of 9 alternating rounds "
+        "\nTrace cost: 10,000 elementwise ops, us/op, medians of 15 alternating rounds "
         "(ratio: the median of each round's)"
     )
     print(
