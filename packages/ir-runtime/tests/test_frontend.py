@@ -100,6 +100,44 @@ def test_unsupported_op_names_the_aten_op():
         torch.linalg.eig(x)
 
 
+def test_negative_zero_keeps_its_sign():
+    """-0.0 equals 0.0 as a number, but not as a lifted leaf: 1 / (x * -0.0) is -inf. Each
+    order twice, so the Python path (first sighting) and the C path both see it."""
+    x = torch.ones(3)
+    lx = irt.to_lazy(x)
+    for v in (0.0, -0.0, -0.0, 0.0, 0.0):
+        same(1 / (lx * v), 1 / (x * v))
+        same(torch.add(lx, v, alpha=-1.0), torch.add(x, v, alpha=-1.0))
+
+
+def test_a_python_float_beside_no_floating_tensor_takes_the_default_dtype():
+    """torch promotes an integer tensor and a Python float to its default dtype; a 0-d float32
+    tensor in the same place gives float32."""
+    xi = torch.tensor([1, 2])
+    lxi = irt.to_lazy(xi)
+    default = torch.get_default_dtype()
+    for dtype in (torch.float64, torch.float32, torch.float64):
+        torch.set_default_dtype(dtype)
+        try:
+            for _ in range(2):
+                r = lxi + 0.1
+                assert r.dtype == dtype
+                np.testing.assert_array_equal(irt.to_torch(r).numpy(), (xi + 0.1).numpy())
+                zero_d = torch.tensor(0.1, dtype=torch.float32)
+                assert (lxi + zero_d).dtype == (xi + zero_d).dtype == torch.float32
+        finally:
+            torch.set_default_dtype(default)
+
+
+def test_dispatch_takes_a_list_of_arguments_as_torch_would_a_tuple():
+    from ir_runtime._frontend._tensor import LazyTensor
+
+    x = irt.to_lazy(torch.tensor([1.0, 2.0]))
+    for _ in range(2):  # first sighting, then seen
+        out = LazyTensor.__torch_dispatch__(torch.ops.aten.sub.Tensor, (), [x, x * 3.0])
+        same(out, torch.tensor([-2.0, -4.0]))
+
+
 def test_a_rule_registered_after_an_op_was_refused_is_used_from_then_on():
     """The error tells the user to register a rule: doing so must take effect for an op the
     front end has already seen (and refused)."""

@@ -110,8 +110,9 @@ cdef inline bint is_number(object v):
 @cython.final
 cdef class Positional:
     """One overload's preparation for calls without keyword arguments: ``prepare(args)`` gives
-    ``(key, operands, attributes)``, or None for an argument count the schema does not take
-    (the general preparation then raises torch's error)."""
+    ``(key, operands, attributes)``, or None for more arguments than the schema takes (torch's
+    own argument parser rejects such a call before it reaches dispatch; the caller falls back
+    to the general preparation)."""
 
     cdef readonly str op
     cdef Py_ssize_t nargs
@@ -135,7 +136,7 @@ cdef class Positional:
         self.view = plan.view
 
     def __call__(self, args):
-        return self.prepare(args)
+        return self.prepare(tuple(args))
 
     cdef object prepare(self, tuple args):
         cdef Py_ssize_t n = len(args), k, size = 1
@@ -172,7 +173,9 @@ cdef class Positional:
                     v = v._ir
                 elif is_number(v):
                     leaf = None
-                    if k > 0 and shape0 is not None and type(args[0]) is LAZY:
+                    # Beside a lazy floating first operand, a number seen before is one lookup
+                    # (a zero is left to number_leaf, which keeps -0.0 apart from 0.0).
+                    if k > 0 and shape0 is not None and type(args[0]) is LAZY and v != 0:
                         fd = shape0.dtype
                         if fd in FLOATS:
                             leaf = LEAVES.get((type(v), v, fd))
@@ -243,11 +246,11 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
     """``LazyTensor.__torch_dispatch__``: a seen op with one output, recorded here."""
     cdef PyObject* p
     cdef Positional plan
-    if not kwargs:
+    if not kwargs and type(args) is tuple:  # torch passes a tuple
         p = PyDict_GetItemWithError(PLANS, id(func))
         if p is not NULL:
             plan = <Positional>p
-            prepared = plan.prepare(<tuple?>args)
+            prepared = plan.prepare(<tuple>args)
             if prepared is not None:
                 layout = META.get((<tuple>prepared)[0])
                 if layout is not None and (<tuple>layout)[0] == "one":

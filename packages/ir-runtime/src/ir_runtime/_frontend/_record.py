@@ -3,6 +3,8 @@ scalars lifted to inputs."""
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import torch
@@ -135,7 +137,15 @@ def _number_dtype(value, float_dtype):
         return "bool"
     if isinstance(value, int):
         return "int64"
-    return float_dtype or "float32"
+    return float_dtype
+
+
+def _leaf_key(value, dtype: str):
+    """A leaf's cache key: (type, value, dtype), with -0.0 apart from 0.0 (equal as numbers,
+    not as leaves: 1 / -0.0 is -inf)."""
+    if value == 0 and type(value) is float and math.copysign(1.0, value) < 0:
+        return (float, "-0.0", dtype)
+    return (type(value), value, dtype)
 
 
 _LEAVES: dict = {}
@@ -143,7 +153,7 @@ _LEAVES: dict = {}
 
 def scalar_leaf(value, dtype: str) -> Value:
     """A lifted scalar: a 0-d parameter holding the value, one per (value, dtype)."""
-    key = (type(value), value, dtype)
+    key = _leaf_key(value, dtype)
     leaf = _LEAVES.get(key)
     if leaf is None:
         np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
@@ -199,9 +209,12 @@ _NUMBER_LEAVES: dict = {}
 
 def number_leaf(v, args) -> Value:
     """A Python number passed for a Tensor argument: a lifted 0-d leaf, floats in the dtype of
-    the op's first floating tensor. One dict lookup once seen."""
+    the op's first floating tensor, or beside none in torch's default dtype (as torch promotes
+    a Python float). One dict lookup once seen."""
     fd = _float_dtype(args)
-    key = (type(v), v, fd)
+    if fd is None and type(v) is float:
+        fd = ir_dtype(torch.get_default_dtype())
+    key = _leaf_key(v, fd)
     leaf = _NUMBER_LEAVES.get(key)
     if leaf is None:
         if len(_NUMBER_LEAVES) > 4096:
