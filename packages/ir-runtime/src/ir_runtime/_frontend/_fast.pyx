@@ -22,13 +22,15 @@ cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
     PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
 
-# Argument kinds, as _record numbers them.
+# Argument kinds of an op's plan, defined here once: _record takes them from KINDS.
 cdef enum:
     TENSOR = 0
     TENSOR_LIST = 1
     OPT_TENSOR = 2
     SCALAR = 3
     OTHER = 4
+
+KINDS = (TENSOR, TENSOR_LIST, OPT_TENSOR, SCALAR, OTHER)
 
 # What configure() hands over from the Python side of the front end.
 cdef object LAZY = None          # the LazyTensor class

@@ -45,8 +45,8 @@ def ir_dtype(dtype: torch.dtype) -> str:
         ) from None
 
 
-# Argument kinds in an op's plan.
-TENSOR, TENSOR_LIST, OPT_TENSOR, SCALAR, OTHER = range(5)
+# Argument kinds in an op's plan (the C preparation's own numbering).
+TENSOR, TENSOR_LIST, OPT_TENSOR, SCALAR, OTHER = _fast.KINDS
 
 # Scalars XLA programs keep as constants (as torch_xla does); any other float in a Scalar
 # argument becomes a 0-d input, so a learning rate or a bias correction that changes every step
