@@ -17,7 +17,7 @@ from ir_runtime import _distributed, _metrics
 from ir_runtime._data import put
 from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._errors import CompileError, ExecutionError, LoweringError, RuntimeIRError
-from ir_runtime._lowering import rule_for
+from ir_runtime._lowering import OPERANDS, rule_for
 from ir_runtime._placement import Program, spec_at, spec_from_jax, specs_of
 
 _DEFAULT = ()  # device ids of a graph with no sharding: the default device
@@ -173,6 +173,9 @@ def _lower_node(n, operands, program):
         attrs.update(zip(lifted, operands[-k:], strict=True))
         operands = operands[:-k]
         view = _Lifted(n, attrs)
+    split = OPERANDS.get(n.op)
+    if split is not None:
+        operands = split.split(view.attrs, operands)
     try:
         out = rule(view, *operands)
     except RuntimeIRError:

@@ -1,6 +1,7 @@
 """The PyTorch lazy-tensor front end."""
 
 from ir_runtime._frontend import (
+    _complex,  # noqa: F401  (handlers for complex views)
     _factories,  # noqa: F401  (registers the Lazy-key kernels)
     _optim,  # noqa: F401  (capturable optimizers on the lazy device)
 )

@@ -493,6 +493,22 @@ SPECIAL = {
 }
 
 
+def special(*funcs):
+    """Register the decorated ``handler(func, args, kwargs)`` for the ATen overloads ``funcs``:
+    the front end calls it instead of recording the op (ops that mutate, read the host, draw
+    random numbers or have data-dependent shapes)."""
+
+    def add(handler):
+        for func in funcs:
+            if func in SPECIAL:
+                raise ValueError(f"{func} already has a front-end handler")
+            SPECIAL[func] = handler
+        _forget_routes()
+        return handler
+
+    return add
+
+
 # By id: OpOverload hashes in Python, and ids of its (cached, immortal) overloads are stable.
 _ROUTES: dict = {}
 _NO_KWARGS: dict = {}

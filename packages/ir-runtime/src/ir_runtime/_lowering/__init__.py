@@ -12,12 +12,17 @@ optional tensor argument that was None is an attribute set to None instead of an
 
 from ir_runtime._lowering import (  # noqa: F401  (importing registers the rules)
     elementwise,
+    fft,
     linalg,
+    matmul,
     nn,
+    pooling,
     random,
     reductions,
     shape,
+    sorting,
+    special,
 )
-from ir_runtime._lowering._registry import RULES, register, rule_for
+from ir_runtime._lowering._registry import OPERANDS, RULES, register, rule_for
 
-__all__ = ["RULES", "register", "rule_for"]
+__all__ = ["OPERANDS", "RULES", "register", "rule_for"]

@@ -6,29 +6,52 @@ from collections.abc import Callable
 
 import jax.numpy as jnp
 
+from ir_runtime import _schema
 from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._errors import UnsupportedOpError
 
 RULES: dict[str, Callable] = {}
+# For each ATen rule: how its node's operands split into the schema's tensor arguments.
+OPERANDS: dict[str, _schema.Operands] = {}
 # Called after a rule is added: the front end forgets how it routed ops, so an op it has
 # decomposed or refused is recorded from now on.
 ON_CHANGE: list[Callable[[], None]] = []
 
 
 def register(*ops: str):
-    """Register the decorated function as the lowering of each op in ``ops``."""
+    """Register the decorated function as the lowering of each op in ``ops``.
+
+    An ATen op is named as the front end records it, ``aten::name.overload`` (``.default``
+    for the overload without a name), and its rule is called as ``rule(node, *tensors)``: one
+    argument per tensor argument of the schema, in order; None for an optional tensor that was
+    None; a tuple for a list of tensors. Other ops (``ir::...``) get their operands as they are.
+    """
 
     def add(fn):
         for op in ops:
             if op in RULES:
                 raise ValueError(f"{op!r} already has a lowering rule ({RULES[op].__qualname__})")
+            if op.startswith("aten::") and _schema.overload(op) is None:
+                raise ValueError(
+                    f"{op!r} is not an ATen overload the front end can record: name it "
+                    f"'aten::name.overload' ('.default' for the unnamed overload)"
+                )
         for op in ops:
             RULES[op] = fn
+            found = _schema.overload(op)
+            if found is not None:
+                OPERANDS[op] = _schema.Operands(found._schema)
         for hook in ON_CHANGE:
             hook()
         return fn
 
     return add
+
+
+def existing(*ops: str) -> tuple:
+    """Those of ``ops`` that are ATen overloads (a family registered by a loop: ``maximum``
+    has no ``.Scalar`` overload, ``add`` has no ``.default``)."""
+    return tuple(op for op in ops if _schema.overload(op) is not None)
 
 
 def rule_for(op: str) -> Callable:
@@ -58,10 +81,20 @@ def scalar(value, dtype):
 
 
 def norm_dim(dim: int, rank: int) -> int:
+    """A dim in ``[0, rank)``; on a 0-d tensor torch takes 0 and -1 and means the tensor."""
+    if rank == 0:
+        if dim not in (0, -1):
+            raise IndexError(f"dim {dim} is out of range for a 0-d tensor (0 or -1)")
+        return 0
     return dim + rank if dim < 0 else dim
 
 
 def norm_dims(dims, rank: int) -> tuple:
+    """Reduced dims in ``[0, rank)``; None or () is every dim; on a 0-d tensor, none."""
+    if rank == 0:
+        for d in (dims,) if isinstance(dims, int) else dims or ():
+            norm_dim(d, 0)
+        return ()
     if dims is None:
         return tuple(range(rank))
     if isinstance(dims, int):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import out_dtype, register, scalar
+from ir_runtime._lowering._registry import existing, out_dtype, register, scalar
 
 
 def _cast(x, dtype):
@@ -69,8 +69,8 @@ def _binary(fn, with_alpha):
 
 for _name, _fn in _BINARY.items():
     _tt, _ts = _binary(_fn, _name in ("add", "sub"))
-    register(f"aten::{_name}.Tensor", f"aten::{_name}.default", f"aten::{_name}")(_tt)
-    register(f"aten::{_name}.Scalar")(_ts)
+    register(*existing(f"aten::{_name}.Tensor", f"aten::{_name}.default"))(_tt)
+    register(*existing(f"aten::{_name}.Scalar"))(_ts)
 
 
 @register("aten::pow.Tensor_Tensor")
@@ -192,10 +192,10 @@ for _name, _fn in _UNARY.items():
     def _unary(node, x, _fn=_fn):
         return _fn(_cast(x, out_dtype(node)))
 
-    register(f"aten::{_name}.default", f"aten::{_name}")(_unary)
+    register(f"aten::{_name}.default")(_unary)
 
 
-@register("aten::logical_not.default", "aten::logical_not")
+@register("aten::logical_not.default")
 def _logical_not(node, x):
     return jnp.logical_not(x)
 
@@ -205,30 +205,30 @@ def _is(node, x):
     return getattr(jnp, node.op.split("::")[1].split(".")[0])(x)
 
 
-@register("aten::gelu.default", "aten::gelu")
+@register("aten::gelu.default")
 def _gelu(node, x):
     approximate = node.attrs.get("approximate", "none") == "tanh"
     return jax.nn.gelu(_cast(x, out_dtype(node)), approximate=approximate)
 
 
-@register("aten::leaky_relu.default", "aten::leaky_relu")
+@register("aten::leaky_relu.default")
 def _leaky_relu(node, x):
     return jax.nn.leaky_relu(x, node.attrs.get("negative_slope", 0.01))
 
 
-@register("aten::elu.default", "aten::elu")
+@register("aten::elu.default")
 def _elu(node, x):
     a = node.attrs
     alpha, scale, input_scale = a.get("alpha", 1.0), a.get("scale", 1.0), a.get("input_scale", 1.0)
     return scale * jnp.where(x > 0, x, alpha * jnp.expm1(x * input_scale))
 
 
-@register("aten::hardtanh.default", "aten::hardtanh")
+@register("aten::hardtanh.default")
 def _hardtanh(node, x):
     return jnp.clip(x, node.attrs.get("min_val", -1.0), node.attrs.get("max_val", 1.0))
 
 
-@register("aten::clamp.default", "aten::clamp")
+@register("aten::clamp.default")
 def _clamp(node, x):
     dt = out_dtype(node)
     lo, hi = node.attrs.get("min"), node.attrs.get("max")
@@ -241,18 +241,17 @@ def _clamp(node, x):
 
 
 @register("aten::clamp.Tensor")
-def _clamp_tensor(node, x, *bounds):
+def _clamp_tensor(node, x, lo, hi):
     dt = out_dtype(node)
     x = _cast(x, dt)
-    it = iter(bounds)
-    if "min" not in node.attrs:
-        x = jnp.maximum(x, _cast(next(it), dt))
-    if "max" not in node.attrs:
-        x = jnp.minimum(x, _cast(next(it), dt))
+    if lo is not None:
+        x = jnp.maximum(x, _cast(lo, dt))
+    if hi is not None:
+        x = jnp.minimum(x, _cast(hi, dt))
     return x
 
 
-@register("aten::nan_to_num.default", "aten::nan_to_num")
+@register("aten::nan_to_num.default")
 def _nan_to_num(node, x):
     a = node.attrs
     nan = a.get("nan")
@@ -297,8 +296,8 @@ for _name, _fn in _COMPARE.items():
     def _cmp_ts(node, x, _fn=_fn):
         return _fn(*_scalar_like(x, node.attrs["other"]))
 
-    register(f"aten::{_name}.Tensor", f"aten::{_name}.default", f"aten::{_name}")(_cmp_tt)
-    register(f"aten::{_name}.Scalar")(_cmp_ts)
+    register(*existing(f"aten::{_name}.Tensor", f"aten::{_name}.default"))(_cmp_tt)
+    register(*existing(f"aten::{_name}.Scalar"))(_cmp_ts)
 
 
 # -- selection, casts, fills ---------------------------------------------------------------
@@ -329,8 +328,6 @@ def _where_scalar_self(node, cond, y):
     "aten::lift_fresh_copy.default",
     "aten::contiguous.default",
     "aten::detach.default",
-    "aten::_to_copy",
-    "aten::clone",
     "ir::cast",
 )
 def _copy(node, x):

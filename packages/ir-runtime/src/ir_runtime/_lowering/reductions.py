@@ -13,13 +13,13 @@ def _dims(node, x):
     return norm_dims(node.attrs.get("dim"), x.ndim)
 
 
-@register("aten::sum.default", "aten::sum.dim_IntList", "aten::sum")
+@register("aten::sum.default", "aten::sum.dim_IntList")
 def _sum(node, x):
     dt = out_dtype(node)
     return jnp.sum(x.astype(dt), axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False))
 
 
-@register("aten::mean.default", "aten::mean.dim", "aten::mean")
+@register("aten::mean.default", "aten::mean.dim")
 def _mean(node, x):
     dt = out_dtype(node)
     return jnp.mean(x.astype(dt), axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False))
@@ -68,8 +68,8 @@ def _arg(fn):
     return rule
 
 
-register("aten::argmax.default", "aten::argmax")(_arg(jnp.argmax))
-register("aten::argmin.default", "aten::argmin")(_arg(jnp.argmin))
+register("aten::argmax.default")(_arg(jnp.argmax))
+register("aten::argmin.default")(_arg(jnp.argmin))
 
 
 @register("aten::var.correction", "aten::var.dim", "aten::var.default")

@@ -16,20 +16,16 @@ from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, regist
     "aten::_unsafe_view.default",
     "aten::reshape.default",
     "aten::view_copy.default",
-    "aten::view",
-    "aten::reshape",
     "aten::squeeze.default",
     "aten::squeeze.dim",
     "aten::squeeze.dims",
     "aten::unsqueeze.default",
-    "aten::unsqueeze",
-    "aten::squeeze",
 )
 def _reshape(node, x):
     return x.reshape(out_dims(node))
 
 
-@register("aten::permute.default", "aten::permute")
+@register("aten::permute.default")
 def _permute(node, x):
     return jnp.transpose(x, [norm_dim(d, x.ndim) for d in node.attrs["dims"]])
 
@@ -44,7 +40,7 @@ def _t(node, x):
     return x.T
 
 
-@register("aten::expand.default", "aten::expand_copy.default", "aten::expand")
+@register("aten::expand.default", "aten::expand_copy.default")
 def _expand(node, x):
     return jnp.broadcast_to(x, out_dims(node))
 
@@ -86,15 +82,15 @@ def _select_scatter(node, x, src):
     return x.at[tuple(index)].set(src.astype(x.dtype))
 
 
-@register("aten::cat.default", "aten::cat", "aten::concat.default")
-def _cat(node, *xs):
+@register("aten::cat.default", "aten::concat.default")
+def _cat(node, xs):
     dt = out_dtype(node)
     xs = [x.astype(dt) for x in xs if x.size or x.ndim != 1]  # torch skips empty 1-D tensors
     return jnp.concatenate(xs, axis=norm_dim(node.attrs.get("dim", 0), len(out_dims(node))))
 
 
 @register("aten::stack.default")
-def _stack(node, *xs):
+def _stack(node, xs):
     return jnp.stack(xs, axis=norm_dim(node.attrs.get("dim", 0), len(out_dims(node))))
 
 
@@ -188,24 +184,21 @@ def _scatter(node, x, index, *src):
     raise ValueError(f"scatter reduce {reduce!r} is not supported (sum, prod, amax, amin)")
 
 
-def _indices(node, tensors):
-    """aten::index's optional index list: attr ``indexed`` marks which dims have a tensor."""
-    present = node.attrs.get("indexed") or (True,) * len(tensors)
-    it = iter(tensors)
-    return tuple(next(it) if p else slice(None) for p in present)
+def _indices(indices):
+    """aten::index's index list: a dim without a tensor (None) takes every position."""
+    return tuple(slice(None) if i is None else i for i in indices)
 
 
 @register("aten::index.Tensor")
-def _index(node, x, *indices):
-    return x[_indices(node, indices)]
+def _index(node, x, indices):
+    return x[_indices(indices)]
 
 
 @register("aten::index_put.default", "aten::_index_put_impl.default")
-def _index_put(node, x, *rest):
-    *indices, values = rest
-    where = x.at[_indices(node, indices)]
+def _index_put(node, x, indices, values):
+    where = x.at[_indices(indices)]
     values = values.astype(x.dtype)
-    return where.add(values) if node.attrs.get("accumulate", False) else where.set(values)
+    return where.add(values) if node.attrs["accumulate"] else where.set(values)
 
 
 @register("aten::embedding.default")

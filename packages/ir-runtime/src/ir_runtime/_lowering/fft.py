@@ -1,0 +1,4 @@
+"""Complex numbers and Fourier transforms: real/imag views, conj, angle, and _fft_c2c,
+_fft_r2c, _fft_c2r."""
+
+from __future__ import annotations

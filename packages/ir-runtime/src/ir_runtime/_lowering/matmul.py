@@ -1,0 +1,130 @@
+"""Matrix products and convolution (forward and backward)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ir_runtime._lowering._registry import out_dtype, register, scalar
+
+# Accumulate in full float32 on every backend; XLA's default may use lower precision on GPU/TPU.
+_PRECISION = lax.Precision.HIGHEST
+
+
+@register("aten::mm.default", "aten::bmm.default", "aten::matmul.default")
+def _matmul(node, x, y):
+    return jnp.matmul(x, y, precision=_PRECISION).astype(out_dtype(node))
+
+
+@register("aten::dot.default")
+def _dot(node, x, y):
+    return jnp.dot(x, y, precision=_PRECISION)
+
+
+@register("aten::addmm.default")
+def _addmm(node, bias, x, y):
+    dt = out_dtype(node)
+    beta, alpha = node.attrs.get("beta", 1), node.attrs.get("alpha", 1)
+    prod = jnp.matmul(x, y, precision=_PRECISION)
+    if not _constant(alpha, 1):
+        prod = prod * scalar(alpha, dt)
+    if _constant(beta, 0):
+        return prod.astype(dt)  # torch ignores the bias then, NaNs included
+    if not _constant(beta, 1):
+        bias = bias * scalar(beta, dt)
+    return (bias + prod).astype(dt)
+
+
+def _constant(v, c) -> bool:
+    return isinstance(v, (int, float)) and v == c
+
+
+@register("aten::baddbmm.default")
+def _baddbmm(node, bias, x, y):
+    return _addmm(node, bias, x, y)
+
+
+@register("ir::dot_general")
+def _dot_general(node, x, y):
+    """``lax.dot_general`` with attrs ``contracting`` ((lhs dims), (rhs dims)) and ``batch``."""
+    a = node.attrs
+    dims = (tuple(map(tuple, a["contracting"])), tuple(map(tuple, a.get("batch", ((), ())))))
+    return lax.dot_general(x, y, dims, precision=_PRECISION).astype(out_dtype(node))
+
+
+def _conv(x, w, attrs):
+    """torch's convolution (NC[spatial] input, OI[spatial] weight) through lax."""
+    n = x.ndim - 2
+    stride = tuple(attrs.get("stride", (1,) * n))
+    padding = tuple(attrs.get("padding", (0,) * n))
+    dilation = tuple(attrs.get("dilation", (1,) * n))
+    groups = attrs.get("groups", 1)
+    spatial = "DHW"[3 - n :]
+    dn = lax.conv_dimension_numbers(
+        x.shape, w.shape, (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
+    )
+    if attrs.get("transposed", False):
+        output_padding = tuple(attrs.get("output_padding", (0,) * n))
+        # A transposed conv is the gradient of a conv: dilate the input by the stride and pad.
+        k = w.shape[2:]
+        pads = [
+            (d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for kk, p, d, op in zip(k, padding, dilation, output_padding, strict=True)
+        ]
+        # weight is (in, out/groups, ...): to (out, in/groups, ...), flipped in space.
+        cin = w.shape[0]
+        w = w.reshape(groups, cin // groups, *w.shape[1:])
+        w = jnp.swapaxes(w, 1, 2).reshape(-1, cin // groups, *k)
+        w = jnp.flip(w, axis=tuple(range(2, 2 + n)))
+        dn = lax.conv_dimension_numbers(
+            x.shape, w.shape, (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
+        )
+        return lax.conv_general_dilated(
+            x,
+            w,
+            (1,) * n,
+            pads,
+            lhs_dilation=stride,
+            rhs_dilation=dilation,
+            dimension_numbers=dn,
+            feature_group_count=groups,
+            precision=_PRECISION,
+        )
+    return lax.conv_general_dilated(
+        x,
+        w,
+        stride,
+        [(p, p) for p in padding],
+        rhs_dilation=dilation,
+        dimension_numbers=dn,
+        feature_group_count=groups,
+        precision=_PRECISION,
+    )
+
+
+@register("aten::convolution.default")
+def _convolution(node, x, w, bias):
+    out = _conv(x, w, node.attrs)
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
+    return out.astype(out_dtype(node))
+
+
+@register("aten::convolution_backward.default")
+def _convolution_backward(node, grad, x, w):
+    """Gradients of input, weight and bias, each where ``output_mask`` asks for it; through
+    jax.vjp of the forward rule, so forward and backward always agree."""
+    mask = node.attrs.get("output_mask", (True, True, True))
+    _, vjp = jax.vjp(lambda a, b: _conv(a, b, node.attrs), x, w)
+    gx, gw = vjp(grad)
+    outs = []
+    k = 0
+    for want, value in zip(mask, (gx, gw, None), strict=True):
+        if not want:
+            continue
+        if value is None:
+            value = jnp.sum(grad, axis=(0, *range(2, grad.ndim)))
+        outs.append(value.astype(out_dtype(node, k)))
+        k += 1
+    return tuple(outs)

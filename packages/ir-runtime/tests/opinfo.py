@@ -1,0 +1,233 @@
+"""torch's OpInfo samples through the lazy device, against torch eager on CPU.
+
+One op is checked by running its first samples (float32) eagerly and on the lazy device, and
+comparing every output; where the op supports autograd, the input gradients too (one cotangent
+per differentiable output, the same on both sides). Ops whose results are random or
+uninitialized (``empty``, ``rand_like``, ``dropout``, ...) are compared by shape and dtype:
+two eager runs with different seeds tell which those are.
+
+``check(op, samples)`` returns an ``Outcome``: ``"pass"``, ``"raise"`` (the lazy device refused:
+an exception, with its message) or ``"wrong"`` (a result differs from eager: the worst kind).
+Used by ``test_opinfo.py`` and by ``bench/opinfo_coverage.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_flatten, tree_map
+
+import ir_runtime as irt
+
+DTYPE = torch.float32
+# Values: XLA's CPU kernels (transcendentals, reductions in another order) are not torch's
+# bit for bit; a wrong result is far outside these.
+RTOL, ATOL = 1e-4, 1e-5
+GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-4
+# Per op: (rtol, atol) where XLA's algorithm differs from LAPACK's or torch's.
+TOLERANCES = {
+    "linalg.matrix_power": (1e-3, 1e-4),
+    "linalg.pinv": (1e-3, 1e-4),
+    "linalg.lstsq": (1e-3, 1e-4),
+    "matrix_exp": (1e-3, 1e-4),
+    "linalg.matrix_exp": (1e-3, 1e-4),
+    "linalg.cond": (1e-3, 1e-4),
+    "cov": (1e-3, 1e-5),
+    "polygamma": (1e-3, 1e-5),
+    "special.polygamma": (1e-3, 1e-5),
+    "mvlgamma": (1e-3, 1e-5),
+}
+
+
+def population():
+    """The ops checked: torch's op_db less jiterator and sparse entries, those taking float32."""
+    return [
+        op
+        for op in op_db
+        if not op.name.startswith("jiterator")
+        and "sparse" not in op.name
+        and DTYPE in op.supported_dtypes("cpu")
+    ]
+
+
+def op_id(op) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+@dataclasses.dataclass
+class Outcome:
+    values: str  # "pass" | "raise" | "wrong"
+    grads: str | None  # the same, or None where the op has no gradient
+    detail: str = ""
+
+
+def _lazy(x):
+    if isinstance(x, torch.Tensor):
+        out = irt.to_lazy(x.detach())
+        if x.requires_grad:
+            out.requires_grad_(True)
+        return out
+    return x
+
+
+def _host(x):
+    return irt.to_torch(x) if isinstance(x, torch.Tensor) else x
+
+
+def _call(op, sample, convert):
+    args = tree_map(convert, (sample.input, *sample.args))
+    kwargs = tree_map(convert, sample.kwargs)
+    return op(*args, **kwargs), args, kwargs
+
+
+def _eager(op, sample, seed):
+    torch.manual_seed(seed)
+    return op(sample.input, *sample.args, **sample.kwargs)
+
+
+def _same(got, want, rtol, atol, what):
+    """None when ``got`` (host values) equals ``want``, else a description."""
+    g, _ = tree_flatten(got)
+    w, _ = tree_flatten(want)
+    if len(g) != len(w):
+        return f"{what}: {len(g)} outputs, eager gives {len(w)}"
+    for k, (a, b) in enumerate(zip(g, w, strict=True)):
+        if isinstance(b, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                return f"{what} {k}: {type(a).__name__}, eager gives a tensor"
+            if a.shape != b.shape or a.dtype != b.dtype:
+                return f"{what} {k}: {a.dtype}{list(a.shape)}, eager {b.dtype}{list(b.shape)}"
+            try:
+                torch.testing.assert_close(
+                    a, b.detach(), rtol=rtol, atol=atol, equal_nan=True, check_device=False
+                )
+            except AssertionError as e:
+                return f"{what} {k}: {str(e).splitlines()[0:4]}"
+        elif a != b and not (a != a and b != b):  # NaN equals NaN here
+            return f"{what} {k}: {a!r}, eager gives {b!r}"
+    return None
+
+
+def _same_layout(got, want, what):
+    g, _ = tree_flatten(got)
+    w, _ = tree_flatten(want)
+    if len(g) != len(w):
+        return f"{what}: {len(g)} outputs, eager gives {len(w)}"
+    for k, (a, b) in enumerate(zip(g, w, strict=True)):
+        if isinstance(b, torch.Tensor) and (a.shape != b.shape or a.dtype != b.dtype):
+            return f"{what} {k}: {a.dtype}{list(a.shape)}, eager {b.dtype}{list(b.shape)}"
+    return None
+
+
+def _random(op, sample) -> bool:
+    """Whether eager's result depends on the seed (or is uninitialized memory)."""
+    if "empty" in op.name or op.name in ("new_empty_strided",):
+        return True
+    a = _eager(op, sample, 0)
+    b = _eager(op, sample, 1)
+    return _same(a, b, 0, 0, "x") is not None
+
+
+def _differentiable(outs):
+    return [
+        o
+        for o in tree_flatten(outs)[0]
+        if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None
+    ]
+
+
+def _grad_inputs(args, kwargs):
+    return [
+        t
+        for t in tree_flatten((args, kwargs))[0]
+        if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
+
+
+def _values(op, sample, rtol, atol):
+    """(problem or None, lazy result, its lazy arguments, eager result, random?)."""
+    random = _random(op, sample)
+    torch.manual_seed(0)
+    want = op(sample.input, *sample.args, **sample.kwargs)
+    torch.manual_seed(0)
+    got, args, kwargs = _call(op, sample, _lazy)
+    host = tree_map(_host, got)
+    if random:
+        return _same_layout(host, want, "output"), got, args, kwargs, want, True
+    return _same(host, want, rtol, atol, "output"), got, args, kwargs, want, False
+
+
+def _grads(sample, got, args, kwargs, want, rtol, atol):
+    """None when the input gradients equal eager's, else a description."""
+    outs_e = _differentiable(want)
+    ins_e = _grad_inputs((sample.input, *sample.args), sample.kwargs)
+    if not outs_e or not ins_e:
+        return None
+    gen = torch.Generator().manual_seed(1234)
+    cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs_e]
+    grads_e = torch.autograd.grad(outs_e, ins_e, cots, allow_unused=True)
+    outs_l = _differentiable(got)
+    ins_l = _grad_inputs(args, kwargs)
+    if len(outs_l) != len(outs_e) or len(ins_l) != len(ins_e):
+        raise RuntimeError("the lazy result's autograd graph differs from eager's")
+    grads_l = torch.autograd.grad(outs_l, ins_l, [irt.to_lazy(c) for c in cots], allow_unused=True)
+    grads_l = [None if g is None else irt.to_torch(g) for g in grads_l]
+    for k, (a, b) in enumerate(zip(grads_l, grads_e, strict=True)):
+        if (a is None) != (b is None):
+            return f"gradient {k}: {'None' if a is None else 'a tensor'} against eager"
+    pairs = [(a, b) for a, b in zip(grads_l, grads_e, strict=True) if b is not None]
+    g_rtol, g_atol = max(rtol * 10, GRAD_RTOL), max(atol * 10, GRAD_ATOL)
+    return _same([a for a, _ in pairs], [b for _, b in pairs], g_rtol, g_atol, "gradient")
+
+
+def _failure(e) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def samples_of(op, n: int, requires_grad: bool):
+    torch.manual_seed(0)
+    it = op.sample_inputs("cpu", DTYPE, requires_grad=requires_grad)
+    out = []
+    for s in it:
+        out.append(s)
+        if len(out) == n:
+            break
+    return out
+
+
+def check(op, n_samples: int = 3) -> Outcome:
+    """Values (and gradients, where the op has them) of the first ``n_samples`` samples."""
+    with_grad = op.supports_autograd and DTYPE in op.supported_backward_dtypes("cpu")
+    rtol, atol = TOLERANCES.get(op.name, (RTOL, ATOL))
+    values, grads, detail = "pass", "pass" if with_grad else None, ""
+    try:
+        samples = samples_of(op, n_samples, with_grad)
+    except Exception as e:  # the oracle cannot make samples: not ours to judge
+        return Outcome("raise", "raise" if with_grad else None, f"samples: {e!r}"[:300])
+    for sample in samples:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                v, got, args, kwargs, want, random = _values(op, sample, rtol, atol)
+            except Exception as e:
+                if values == "pass":
+                    values, detail = "raise", _failure(e)
+                continue
+            if v is not None:
+                values, detail = "wrong", v
+                continue
+            if not with_grad or random or grads != "pass":
+                continue
+            try:
+                g = _grads(sample, got, args, kwargs, want, rtol, atol)
+            except Exception as e:
+                grads, detail = "raise", "gradient: " + _failure(e)
+                continue
+            if g is not None:
+                grads, detail = "wrong", g
+    if with_grad and values != "pass":
+        grads = values if grads == "pass" else grads
+    return Outcome(values, grads, detail)
