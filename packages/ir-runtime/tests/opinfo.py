@@ -84,8 +84,10 @@ def _call(op, sample, convert):
 
 
 def _eager(op, sample, seed):
+    """Eager's result, copied (an in-place op returns its input, which the next run rewrites)."""
     torch.manual_seed(seed)
-    return op(sample.input, *sample.args, **sample.kwargs)
+    out = op(sample.input, *sample.args, **sample.kwargs)
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
 
 
 def _same(got, want, rtol, atol, what):
@@ -123,12 +125,22 @@ def _same_layout(got, want, what):
 
 
 def _random(op, sample) -> bool:
-    """Whether eager's result depends on the seed (or is uninitialized memory)."""
+    """Whether eager's result depends on the seed (or is uninitialized memory). OpInfo wraps
+    some random ops in ``wrapper_set_seed`` (seed 42 inside): asked without it."""
     if "empty" in op.name or op.name in ("new_empty_strided",):
         return True
-    a = _eager(op, sample, 0)
-    b = _eager(op, sample, 1)
-    return _same(a, b, 0, 0, "x") is not None
+    fn = getattr(op.op, "__wrapped__", op.op)
+    scope = getattr(fn, "__globals__", {})
+    seeded = "wrapper_set_seed" in getattr(getattr(fn, "__code__", None), "co_names", ())
+    saved = scope.get("wrapper_set_seed")
+    if seeded:
+        scope["wrapper_set_seed"] = lambda f, *args, **kwargs: f(*args, **kwargs)
+    try:
+        first = _eager(op, sample, 0)
+        return any(_same(_eager(op, sample, s), first, 0, 0, "x") for s in (1, 2, 3))
+    finally:
+        if seeded:
+            scope["wrapper_set_seed"] = saved
 
 
 def _differentiable(outs):

@@ -6,10 +6,11 @@ import time
 
 import numpy as np
 import torch
+import torch._lazy
 
 from ir_core import DeviceData, Value, post_order
 from ir_runtime import _metrics
-from ir_runtime._compile import run_graph
+from ir_runtime._compile import run_graph, wait_device_ops
 from ir_runtime._data import fetch
 from ir_runtime._frontend import _rng
 from ir_runtime._frontend._record import IR_TO_TORCH
@@ -110,6 +111,22 @@ def mark_step() -> None:
         with _metrics.timed("MarkStepTime"):
             _run(tensors)
     _last_step_end[0] = time.perf_counter()
+
+
+def _torch_lazy_mark_step(device: str = "", wait: bool = False) -> None:
+    """``torch._lazy.mark_step``: this package owns torch's ``lazy`` device, so torch's own
+    helpers that sync it (``torch.testing``'s ``wrapper_set_seed``) run our step."""
+    mark_step()
+    if wait:
+        wait_device_ops()
+
+
+def _torch_lazy_wait_device_ops(devices=None) -> None:
+    wait_device_ops()
+
+
+torch._lazy.mark_step = _torch_lazy_mark_step
+torch._lazy.wait_device_ops = _torch_lazy_wait_device_ops
 
 
 def materialize(t: LazyTensor) -> DeviceData:

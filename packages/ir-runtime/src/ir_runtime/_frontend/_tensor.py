@@ -358,9 +358,22 @@ def _inplace(func, args, kwargs):
         _INPLACE_CHECKED.add(key)
     self = args[0]
     result = dispatch(functional, args, kwargs)
+    if func._schema.name in _RESHAPE_IN_PLACE:
+        # squeeze_, t_, ...: the tensor's own shape changes (torch's matmul of a 1-D operand
+        # squeezes its product in place). ``.data``'s setter swaps in the result's metadata.
+        _DATA.__set__(self, result)
+        self._ir = result._ir
+        return self
     rebind(self, result._ir)
     _write_through(self)
     return self
+
+
+# In-place ops that change the tensor's shape rather than its values.
+_RESHAPE_IN_PLACE = frozenset(
+    f"aten::{name}_"
+    for name in ("squeeze", "unsqueeze", "transpose", "t", "swapdims", "swapaxes", "as_strided")
+)
 
 
 def _foreach(func, args, kwargs):

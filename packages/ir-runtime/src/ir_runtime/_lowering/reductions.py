@@ -6,48 +6,55 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ir_runtime._lowering._registry import norm_dim, norm_dims, out_dtype, register
+from ir_runtime._lowering._registry import norm_dim, norm_dims, out_dims, out_dtype, register
 
 
 def _dims(node, x):
-    return norm_dims(node.attrs.get("dim"), x.ndim)
+    return norm_dims(node.attrs["dim"], x.ndim)
 
 
-@register("aten::sum.default", "aten::sum.dim_IntList")
-def _sum(node, x):
-    dt = out_dtype(node)
-    return jnp.sum(x.astype(dt), axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False))
+def _whole_and_dims(fn, cast):
+    """Rules for a reduction's two overloads: over everything (``op.default``), and over
+    ``dim`` with ``keepdim`` (``op.dim...``)."""
+
+    def whole(node, x):
+        return fn(x.astype(out_dtype(node)) if cast else x, axis=None).astype(out_dtype(node))
+
+    def dims(node, x):
+        x = x.astype(out_dtype(node)) if cast else x
+        return fn(x, axis=_dims(node, x), keepdims=node.attrs["keepdim"]).astype(out_dtype(node))
+
+    return whole, dims
 
 
-@register("aten::mean.default", "aten::mean.dim")
-def _mean(node, x):
-    dt = out_dtype(node)
-    return jnp.mean(x.astype(dt), axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False))
-
-
-@register("aten::prod.default", "aten::prod.dim_int")
-def _prod(node, x):
-    dt = out_dtype(node)
-    return jnp.prod(x.astype(dt), axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False))
-
-
-@register("aten::amax.default", "aten::max.default")
-def _amax(node, x):
-    return jnp.max(x, axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False))
-
-
-@register("aten::amin.default", "aten::min.default")
-def _amin(node, x):
-    return jnp.min(x, axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False))
+for _name, _fn, _cast, _overloads in (
+    ("sum", jnp.sum, True, ("default", "dim_IntList")),
+    ("nansum", jnp.nansum, True, (None, "default")),
+    ("mean", jnp.mean, True, ("default", "dim")),
+    ("prod", jnp.prod, True, ("default", "dim_int")),
+    ("amax", jnp.max, False, (None, "default")),
+    ("amin", jnp.min, False, (None, "default")),
+    ("max", jnp.max, False, ("default", None)),
+    ("min", jnp.min, False, ("default", None)),
+    ("any", jnp.any, False, ("default", "dim")),
+    ("all", jnp.all, False, ("default", "dim")),
+    ("logsumexp", jax.nn.logsumexp, True, (None, "default")),
+):
+    for _overload, _rule in zip(_overloads, _whole_and_dims(_fn, _cast), strict=True):
+        if _overload is not None:
+            register(f"aten::{_name}.{_overload}")(_rule)
+register("aten::any.dims")(_whole_and_dims(jnp.any, False)[1])
+register("aten::all.dims")(_whole_and_dims(jnp.all, False)[1])
 
 
 def _with_indices(reduce, arg):
     def rule(node, x):
+        if x.ndim == 0:  # one element: itself, at index 0
+            return x, jnp.zeros((), out_dtype(node, 1))
         dim = norm_dim(node.attrs["dim"], x.ndim)
-        keep = node.attrs.get("keepdim", False)
-        return reduce(x, axis=dim, keepdims=keep), arg(x, axis=dim, keepdims=keep).astype(
-            out_dtype(node, 1)
-        )
+        keep = node.attrs["keepdim"]
+        values = reduce(x, axis=dim, keepdims=keep)
+        return values, arg(x, axis=dim, keepdims=keep).astype(out_dtype(node, 1))
 
     return rule
 
@@ -58,9 +65,9 @@ register("aten::min.dim")(_with_indices(jnp.min, jnp.argmin))
 
 def _arg(fn):
     def rule(node, x):
-        dim = node.attrs.get("dim")
-        keep = node.attrs.get("keepdim", False)
-        if dim is None:
+        dim = node.attrs["dim"]
+        keep = node.attrs["keepdim"]
+        if dim is None or x.ndim == 0:
             out = fn(x.reshape(-1))
             return out.reshape((1,) * x.ndim if keep else ()).astype(out_dtype(node))
         return fn(x, axis=norm_dim(dim, x.ndim), keepdims=keep).astype(out_dtype(node))
@@ -72,40 +79,79 @@ register("aten::argmax.default")(_arg(jnp.argmax))
 register("aten::argmin.default")(_arg(jnp.argmin))
 
 
-@register("aten::var.correction", "aten::var.dim", "aten::var.default")
-def _var(node, x):
-    correction = node.attrs.get("correction", 1 if node.attrs.get("unbiased", True) else 0)
+@register("aten::aminmax.default")
+def _aminmax(node, x):
+    dim, keep = node.attrs["dim"], node.attrs["keepdim"]
+    axis = None if dim is None else _dims(node, x)
+    lo = jnp.min(x, axis=axis, keepdims=keep and dim is not None)
+    hi = jnp.max(x, axis=axis, keepdims=keep and dim is not None)
+    return lo.reshape(out_dims(node, 0)), hi.reshape(out_dims(node, 1))
+
+
+@register("aten::count_nonzero.dim_IntList", "aten::count_nonzero.default")
+def _count_nonzero(node, x):
+    return jnp.sum(x != 0, axis=_dims(node, x)).astype(out_dtype(node))
+
+
+def _variance(x, node, ddof):
     dt = out_dtype(node)
-    return jnp.var(
-        x.astype(dt),
-        axis=_dims(node, x),
-        ddof=correction,
-        keepdims=node.attrs.get("keepdim", False),
-    )
+    return jnp.var(x.astype(dt), axis=_dims(node, x), ddof=ddof, keepdims=node.attrs["keepdim"])
 
 
-@register("aten::std.correction", "aten::std.dim", "aten::std.default")
+def _correction(node):
+    """``correction`` (None: Bessel's, 1), as torch's var/std take it."""
+    c = node.attrs["correction"]
+    return 1 if c is None else c
+
+
+def _unbiased(node):
+    return 1 if node.attrs["unbiased"] else 0
+
+
+@register("aten::var.correction")
+def _var(node, x):
+    return _variance(x, node, _correction(node))
+
+
+@register("aten::var.dim")
+def _var_dim(node, x):
+    return _variance(x, node, _unbiased(node))
+
+
+@register("aten::var.default")
+def _var_all(node, x):
+    return jnp.var(x.astype(out_dtype(node)), ddof=_unbiased(node))
+
+
+@register("aten::std.correction")
 def _std(node, x):
-    return jnp.sqrt(_var(node, x))
+    return jnp.sqrt(_variance(x, node, _correction(node)))
 
 
-@register("aten::any.default", "aten::any.dim", "aten::any.dims")
-def _any(node, x):
-    return jnp.any(x, axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False))
+@register("aten::std.dim")
+def _std_dim(node, x):
+    return jnp.sqrt(_variance(x, node, _unbiased(node)))
 
 
-@register("aten::all.default", "aten::all.dim", "aten::all.dims")
-def _all(node, x):
-    return jnp.all(x, axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False))
+@register("aten::std.default")
+def _std_all(node, x):
+    return jnp.std(x.astype(out_dtype(node)), ddof=_unbiased(node))
 
 
-@register("aten::logsumexp.default")
-def _logsumexp(node, x):
-    return jax.nn.logsumexp(
-        x.astype(out_dtype(node)), axis=_dims(node, x), keepdims=node.attrs.get("keepdim", False)
-    )
+def _with_mean(spread):
+    def rule(node, x):
+        dt = out_dtype(node)
+        mean = jnp.mean(x.astype(dt), axis=_dims(node, x), keepdims=node.attrs["keepdim"])
+        return spread(_variance(x, node, _correction(node))), mean
+
+    return rule
+
+
+register("aten::var_mean.correction")(_with_mean(lambda v: v))
+register("aten::std_mean.correction")(_with_mean(jnp.sqrt))
 
 
 @register("aten::cumsum.default")
 def _cumsum(node, x):
-    return jnp.cumsum(x.astype(out_dtype(node)), axis=norm_dim(node.attrs["dim"], x.ndim))
+    x = x.astype(out_dtype(node))
+    return x if x.ndim == 0 else jnp.cumsum(x, axis=norm_dim(node.attrs["dim"], x.ndim))

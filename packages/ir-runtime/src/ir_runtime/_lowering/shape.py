@@ -1,6 +1,5 @@
-"""Shape, layout and indexing: reshape, permute, expand, squeeze, slice, select, concat, pad,
-flip, gather/scatter, index/index_put, embedding, and tensors built from attributes alone
-(constants, full, arange)."""
+"""Shape and layout: reshape, permute, expand, squeeze, slice, select, concat, pad, flip, and
+tensors built from attributes alone (constants, full, arange)."""
 
 from __future__ import annotations
 
@@ -138,83 +137,6 @@ def _repeat(node, x):
 def _tri(node, x):
     fn = jnp.tril if "tril" in node.op else jnp.triu
     return fn(x, node.attrs.get("diagonal", 0))
-
-
-@register("aten::index_select.default")
-def _index_select(node, x, index):
-    return jnp.take(x, index, axis=norm_dim(node.attrs["dim"], x.ndim))
-
-
-@register("aten::gather.default")
-def _gather(node, x, index):
-    return jnp.take_along_axis(x, index, axis=norm_dim(node.attrs["dim"], x.ndim), mode="clip")
-
-
-def _scatter_index(x, index, dim):
-    """Full index arrays for scattering ``index`` (shaped like the source) along ``dim``."""
-    grids = list(jnp.indices(index.shape, sparse=True))
-    grids[dim] = index
-    return tuple(grids)
-
-
-@register(
-    "aten::scatter.src",
-    "aten::scatter.value",
-    "aten::scatter_add.default",
-    "aten::scatter_reduce.two",
-)
-def _scatter(node, x, index, *src):
-    dim = norm_dim(node.attrs["dim"], x.ndim)
-    values = src[0] if src else jnp.full(index.shape, node.attrs["value"], x.dtype)
-    values = values[tuple(slice(0, s) for s in index.shape)].astype(x.dtype)
-    where = x.at[_scatter_index(x, index, dim)]
-    if node.op == "aten::scatter_add.default":
-        return where.add(values)
-    reduce = node.attrs.get("reduce")
-    if reduce is None:
-        return where.set(values)
-    if reduce in ("sum", "add"):
-        return where.add(values)
-    if reduce in ("prod", "multiply"):
-        return where.multiply(values)
-    if reduce == "amax":
-        return where.max(values)
-    if reduce == "amin":
-        return where.min(values)
-    raise ValueError(f"scatter reduce {reduce!r} is not supported (sum, prod, amax, amin)")
-
-
-def _indices(indices):
-    """aten::index's index list: a dim without a tensor (None) takes every position."""
-    return tuple(slice(None) if i is None else i for i in indices)
-
-
-@register("aten::index.Tensor")
-def _index(node, x, indices):
-    return x[_indices(indices)]
-
-
-@register("aten::index_put.default", "aten::_index_put_impl.default")
-def _index_put(node, x, indices, values):
-    where = x.at[_indices(indices)]
-    values = values.astype(x.dtype)
-    return where.add(values) if node.attrs["accumulate"] else where.set(values)
-
-
-@register("aten::embedding.default")
-def _embedding(node, weight, indices):
-    return jnp.take(weight, indices, axis=0)
-
-
-@register("aten::embedding_dense_backward.default")
-def _embedding_backward(node, grad, indices):
-    n = node.attrs["num_weights"]
-    pad = node.attrs.get("padding_idx", -1)
-    flat = indices.reshape(-1)
-    g = grad.reshape(flat.shape[0], -1)
-    if pad >= 0:
-        g = jnp.where((flat == pad)[:, None], jnp.zeros((), g.dtype), g)
-    return jnp.zeros((n, g.shape[1]), g.dtype).at[flat].add(g).astype(out_dtype(node))
 
 
 # -- tensors from attributes -----------------------------------------------------------------

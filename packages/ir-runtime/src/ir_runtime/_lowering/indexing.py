@@ -1,0 +1,267 @@
+"""Indexing: gather and scatter (with every reduction), index_select/add/copy/fill/reduce,
+index and index_put, take and put, masked_scatter, embedding."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
+
+
+def _grids(index, dim):
+    """Full index arrays addressing ``x`` at ``index`` (shaped like the index) along ``dim``,
+    and at the index's own position along every other dim (torch's gather/scatter)."""
+    grids = list(jnp.indices(index.shape, sparse=True))
+    grids[dim] = index
+    return tuple(grids)
+
+
+@register("aten::gather.default")
+def _gather(node, x, index):
+    if index.size == 0:  # torch takes an empty index of any rank
+        return jnp.zeros(index.shape, x.dtype)
+    if x.ndim == 0:
+        return jnp.broadcast_to(x, index.shape)
+    dim = norm_dim(node.attrs["dim"], x.ndim)
+    return x[_grids(index, dim)]
+
+
+def _identity(reduce, dtype):
+    """The value a reduction starts from: what leaves any element unchanged."""
+    if reduce in ("sum", "mean"):
+        return np.array(0, dtype)
+    if reduce == "prod":
+        return np.array(1, dtype)
+    info = jnp.finfo(dtype) if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype)
+    if reduce == "amax":
+        return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else info.min, dtype)
+    return np.array(np.inf if jnp.issubdtype(dtype, jnp.floating) else info.max, dtype)
+
+
+def _apply(at, reduce, values):
+    if reduce in ("sum", "mean"):
+        return at.add(values)
+    if reduce == "prod":
+        return at.multiply(values)
+    if reduce == "amax":
+        return at.max(values)
+    if reduce == "amin":
+        return at.min(values)
+    raise ValueError(f"unknown reduction {reduce!r}: sum, prod, mean, amax or amin")
+
+
+def _reduce_into(x, where, values, reduce, include_self):
+    """``x`` with ``values`` reduced into the positions ``where`` (an index tuple), as torch's
+    scatter_reduce/index_reduce do: ``include_self`` False leaves x out of every position
+    written; ``mean`` divides by how many values (and x, if included) each position got."""
+    base = x if include_self else x.at[where].set(_identity(reduce, x.dtype))
+    out = _apply(base.at[where], reduce, values)
+    if reduce != "mean":
+        return out
+    counts = jnp.zeros(x.shape, x.dtype).at[where].add(jnp.ones_like(values))
+    if include_self:
+        counts = counts + 1
+    counts = jnp.maximum(counts, jnp.ones((), x.dtype))
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return jnp.floor_divide(out, counts)
+    return out / counts
+
+
+def _source(src, index, dtype):
+    """The part of ``src`` that ``index`` addresses (torch lets src be larger)."""
+    return src[tuple(slice(0, s) for s in index.shape)].astype(dtype)
+
+
+def _scatter_rule(mode):
+    """``scatter`` overloads: the values from ``src`` or the scalar ``value``, written (mode
+    None) or reduced ("add"/"multiply", torch's names for sum and prod)."""
+    reduce = {None: None, "add": "sum", "multiply": "prod"}
+
+    def rule(node, x, index, src=None):
+        if x.ndim == 0:
+            x, index = x.reshape(1), index.reshape(1)
+            src = None if src is None else src.reshape(1)
+            return rule(node, x, index, src).reshape(())
+        dim = norm_dim(node.attrs["dim"], x.ndim)
+        if src is None:
+            values = jnp.full(index.shape, node.attrs["value"], x.dtype)
+        else:
+            values = _source(src, index, x.dtype)
+        where = _grids(index, dim)
+        how = reduce[node.attrs["reduce"]] if mode == "reduce" else None
+        if how is None:
+            return x.at[where].set(values)
+        return _apply(x.at[where], how, values)
+
+    return rule
+
+
+register("aten::scatter.src", "aten::scatter.value")(_scatter_rule(None))
+register("aten::scatter.reduce", "aten::scatter.value_reduce")(_scatter_rule("reduce"))
+
+
+@register("aten::scatter_add.default")
+def _scatter_add(node, x, index, src):
+    if x.ndim == 0:
+        return x + jnp.sum(src.reshape(-1)[: index.size].astype(x.dtype))
+    dim = norm_dim(node.attrs["dim"], x.ndim)
+    return x.at[_grids(index, dim)].add(_source(src, index, x.dtype))
+
+
+@register("aten::scatter_reduce.two")
+def _scatter_reduce(node, x, index, src):
+    a = node.attrs
+    if x.ndim == 0:
+        x, index, src = x.reshape(1), index.reshape(1), src.reshape(1)
+        return _reduce_into(x, (index,), src, a["reduce"], a["include_self"]).reshape(())
+    where = _grids(index, norm_dim(a["dim"], x.ndim))
+    return _reduce_into(x, where, _source(src, index, x.dtype), a["reduce"], a["include_self"])
+
+
+def _along(x, dim, index):
+    """The index tuple addressing ``x`` at ``index`` (1-D) along ``dim``, every position
+    elsewhere."""
+    return (slice(None),) * dim + (index,)
+
+
+def _index_args(node, x, index):
+    dim = norm_dim(node.attrs["dim"], x.ndim)
+    return dim, _along(x, dim, index.reshape(-1))
+
+
+@register("aten::index_select.default")
+def _index_select(node, x, index):
+    if x.ndim == 0:
+        return jnp.broadcast_to(x, out_dims(node))
+    return jnp.take(x, index.reshape(-1), axis=norm_dim(node.attrs["dim"], x.ndim))
+
+
+def _index_source(source, x, dim):
+    """index_add/copy's source, its indexed dim as in x's layout (0-d sources as 1 element)."""
+    return source.reshape(x.shape[:dim] + (-1,) + x.shape[dim + 1 :]).astype(x.dtype)
+
+
+@register("aten::index_add.default")
+def _index_add(node, x, index, source):
+    if x.ndim == 0:
+        return x + source.reshape(()).astype(x.dtype) * node.attrs["alpha"]
+    dim, where = _index_args(node, x, index)
+    return x.at[where].add(_index_source(source, x, dim) * node.attrs["alpha"])
+
+
+@register("aten::index_copy.default")
+def _index_copy(node, x, index, source):
+    if x.ndim == 0:
+        return source.reshape(()).astype(x.dtype)
+    dim, where = _index_args(node, x, index)
+    return x.at[where].set(_index_source(source, x, dim))
+
+
+@register("aten::index_fill.int_Scalar")
+def _index_fill(node, x, index):
+    if x.ndim == 0:
+        return jnp.full((), node.attrs["value"], x.dtype)
+    _, where = _index_args(node, x, index)
+    return x.at[where].set(jnp.asarray(node.attrs["value"], x.dtype))
+
+
+@register("aten::index_fill.int_Tensor")
+def _index_fill_tensor(node, x, index, value):
+    if x.ndim == 0:
+        return value.astype(x.dtype).reshape(())
+    _, where = _index_args(node, x, index)
+    return x.at[where].set(value.astype(x.dtype))
+
+
+@register("aten::index_reduce.default")
+def _index_reduce(node, x, index, source):
+    a = node.attrs
+    if x.ndim == 0:
+        x, source = x.reshape(1), source.reshape(1)
+        return _reduce_into(x, (index.reshape(-1),), source, a["reduce"], a["include_self"])[0]
+    dim, where = _index_args(node, x, index)
+    values = _index_source(source, x, dim)
+    return _reduce_into(x, where, values, a["reduce"], a["include_self"])
+
+
+def _indices(indices):
+    """aten::index's index list: a dim without a tensor (None) takes every position."""
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
+@register("aten::index.Tensor", "aten::_unsafe_index.Tensor")
+def _index(node, x, indices):
+    for i in indices:
+        if i is not None and i.dtype == jnp.bool_:
+            raise ValueError(
+                "a boolean mask index has a data-dependent shape; the front end turns it into "
+                "integer indices before recording"
+            )
+    return x[_indices(indices)]
+
+
+@register(
+    "aten::index_put.default",
+    "aten::_index_put_impl.default",
+    "aten::_unsafe_index_put.default",
+)
+def _index_put(node, x, indices, values):
+    where = x.at[_indices(indices)]
+    values = values.astype(x.dtype)
+    return where.add(values) if node.attrs["accumulate"] else where.set(values)
+
+
+@register("aten::take.default")
+def _take(node, x, index):
+    return x.reshape(-1)[index]
+
+
+@register("aten::put.default")
+def _put(node, x, index, source):
+    flat = x.reshape(-1)
+    values = source.reshape(-1).astype(x.dtype)
+    at = flat.at[index.reshape(-1)]
+    out = at.add(values) if node.attrs["accumulate"] else at.set(values)
+    return out.reshape(x.shape)
+
+
+def _masked_positions(mask, shape):
+    """For each element (row-major) of a ``shape`` tensor: whether ``mask`` selects it, and
+    which selected element it is."""
+    m = jnp.broadcast_to(mask, shape).reshape(-1)
+    return m, jnp.cumsum(m.astype(np.int64)) - 1
+
+
+@register("aten::masked_scatter.default")
+def _masked_scatter(node, x, mask, source):
+    m, k = _masked_positions(mask, out_dims(node))
+    flat = jnp.broadcast_to(x, out_dims(node)).reshape(-1)
+    taken = source.reshape(-1).astype(x.dtype)[jnp.clip(k, 0, max(source.size - 1, 0))]
+    return jnp.where(m, taken, flat).reshape(out_dims(node))
+
+
+@register("aten::masked_scatter_backward.default")
+def _masked_scatter_backward(node, grad, mask):
+    """The source's gradient: the selected elements of ``grad`` in order, zeros after."""
+    m, k = _masked_positions(mask, grad.shape)
+    n = int(np.prod(out_dims(node)))
+    slots = jnp.where(m, k, n)  # unselected elements go past the end, and are dropped
+    out = jnp.zeros((n,), grad.dtype).at[slots].add(grad.reshape(-1), mode="drop")
+    return out.reshape(out_dims(node))
+
+
+@register("aten::embedding.default")
+def _embedding(node, weight, indices):
+    return jnp.take(weight, indices, axis=0)
+
+
+@register("aten::embedding_dense_backward.default")
+def _embedding_backward(node, grad, indices):
+    n = node.attrs["num_weights"]
+    pad = node.attrs["padding_idx"]
+    flat = indices.reshape(-1)
+    g = grad.reshape(flat.shape[0], -1)
+    if pad >= 0:
+        g = jnp.where((flat == pad)[:, None], jnp.zeros((), g.dtype), g)
+    return jnp.zeros((n, g.shape[1]), g.dtype).at[flat].add(g).astype(out_dtype(node))
