@@ -217,7 +217,7 @@ def rebind(t: LazyTensor, value: Value) -> None:
     t._ir = value
 
 
-def _write_through(t: LazyTensor) -> None:
+def write_through(t: LazyTensor) -> None:
     """After ``t`` was written in place, show the write where torch's shared storage would: in
     its own views, and, if it is a view, in its base (on up through the base's own base) and
     the base's other views."""
@@ -319,7 +319,7 @@ def _out_variant(func, args, kwargs):
                 kwargs.setdefault("dtype", out.dtype)
             result = dispatch(functional, args, kwargs)
             rebind(out, result._ir)
-            _write_through(out)
+            write_through(out)
             return out
     raise UnsupportedOpError(f"{func} has no functional form the lazy device can record")
 
@@ -365,7 +365,7 @@ def _inplace(func, args, kwargs):
         self._ir = result._ir
         return self
     rebind(self, result._ir)
-    _write_through(self)
+    write_through(self)
     return self
 
 
@@ -422,7 +422,7 @@ def _copy_(func, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, LazyTensor):
         rebind(dst, as_value(src) if not isinstance(src, LazyTensor) else src._ir)
-        _write_through(dst)
+        write_through(dst)
         return dst
     from ir_runtime._frontend._step import to_torch
 
@@ -478,15 +478,6 @@ def _native_dropout(func, args, kwargs):
     return out, keep
 
 
-def _random_(func, args, kwargs):
-    from ir_runtime._frontend._rng import random_like
-
-    t = args[0]
-    rebind(t, random_like(func, t, args[1:], kwargs)._ir)
-    _write_through(t)
-    return t
-
-
 SPECIAL = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
@@ -500,9 +491,6 @@ SPECIAL = {
     # Mutates its running stats without saying so in its schema.
     aten.native_batch_norm.default: _native_batch_norm_legit,
     aten.native_dropout.default: _native_dropout,
-    aten.uniform_.default: _random_,
-    aten.normal_.default: _random_,
-    aten.bernoulli_.float: _random_,
 }
 
 

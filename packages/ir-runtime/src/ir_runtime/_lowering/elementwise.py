@@ -190,7 +190,8 @@ _UNARY = {
 for _name, _fn in _UNARY.items():
 
     def _unary(node, x, _fn=_fn):
-        return _fn(_cast(x, out_dtype(node)))
+        dt = out_dtype(node)  # a complex input is not cast to abs's real output before abs
+        return _cast(_fn(x), dt) if jnp.iscomplexobj(x) else _fn(_cast(x, dt))
 
     register(f"aten::{_name}.default")(_unary)
 
@@ -419,6 +420,17 @@ def _silu_backward(node, grad, x):
 def _leaky_relu_backward(node, grad, x):
     slope = node.attrs.get("negative_slope", 0.01)
     return jnp.where(x > 0, grad, grad * slope)
+
+
+@register("aten::rrelu_with_noise_backward.default")
+def _rrelu_with_noise_backward(node, grad, x, noise):
+    """The slopes drawn in training (``noise``); the mean slope otherwise, as torch does (also
+    in training when the range is empty). ``lower``/``upper`` may be traced values."""
+    a = node.attrs
+    fixed = jnp.where(x > 0, grad, grad * ((a["lower"] + a["upper"]) / 2))
+    if not a["training"]:
+        return fixed.astype(out_dtype(node))
+    return jnp.where(a["upper"] - a["lower"] > 1e-6, grad * noise, fixed).astype(out_dtype(node))
 
 
 @register("aten::hardtanh_backward.default")

@@ -237,6 +237,8 @@ def _masked_positions(mask, shape):
 def _masked_scatter(node, x, mask, source):
     m, k = _masked_positions(mask, out_dims(node))
     flat = jnp.broadcast_to(x, out_dims(node)).reshape(-1)
+    if source.size == 0:  # nothing to take: the mask selects nothing
+        return flat.reshape(out_dims(node))
     taken = source.reshape(-1).astype(x.dtype)[jnp.clip(k, 0, max(source.size - 1, 0))]
     return jnp.where(m, taken, flat).reshape(out_dims(node))
 
@@ -249,6 +251,16 @@ def _masked_scatter_backward(node, grad, mask):
     slots = jnp.where(m, k, n)  # unselected elements go past the end, and are dropped
     out = jnp.zeros((n,), grad.dtype).at[slots].add(grad.reshape(-1), mode="drop")
     return out.reshape(out_dims(node))
+
+
+@register("aten::nonzero_static.default")
+def _nonzero_static(node, x):
+    """The first ``size`` nonzero positions (row-major), padded with ``fill_value``."""
+    size = node.attrs["size"]
+    if x.ndim == 0:  # positions of a 0-d tensor have no coordinates
+        return jnp.zeros(out_dims(node), out_dtype(node))
+    found = jnp.nonzero(x, size=size, fill_value=node.attrs["fill_value"])
+    return jnp.stack(found, axis=1).astype(out_dtype(node)).reshape(out_dims(node))
 
 
 @register("aten::embedding.default")

@@ -1,4 +1,617 @@
 """Linear algebra: factorizations, solves, inverses, determinants, eigen- and singular-value
-decompositions, through jax.numpy.linalg and jax.scipy.linalg."""
+decompositions, through jax.numpy.linalg and jax.scipy.linalg.
+
+Each rule gives exactly what torch's CPU kernel gives, its auxiliary outputs included: LU and
+pivots (LAPACK's, 1-based, int32), info codes, and where torch factors ``A.mT`` instead of ``A``
+(``_linalg_det``, ``_linalg_slogdet``, ``_linalg_solve_ex`` and ``linalg_inv_ex`` factor the
+transpose of a contiguous real matrix, and their backward formulas solve with the adjoint to
+match; a lazy tensor is always contiguous). Whatever cannot be computed as torch does (LU
+without pivoting, a non-default SVD driver, raising on a failed factorization) is refused with
+a message naming the op and the argument.
+"""
 
 from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+from jax import lax
+from jax.lax import linalg as lax_linalg
+
+from ir_runtime._lowering._registry import out_dims, out_dtype, register
+
+_PRECISION = lax.Precision.HIGHEST
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp.conj(jnp.swapaxes(x, -1, -2))
+
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=_PRECISION)
+
+
+def _is_complex(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+def _real_dtype(dtype):
+    return jnp.finfo(dtype).dtype
+
+
+def _batch_to(x, batch: tuple, core: int = 2):
+    """``x`` broadcast to batch dims ``batch`` (its last ``core`` dims kept)."""
+    return jnp.broadcast_to(x, tuple(batch) + tuple(x.shape[x.ndim - core :]))
+
+
+def _empty(node, k: int):
+    """Output ``k`` as torch gives it when it is not computed (shape (0,) and the like)."""
+    return jnp.zeros(out_dims(node, k), out_dtype(node, k))
+
+
+def _eye_like(n: int, batch: tuple, dtype):
+    return jnp.broadcast_to(jnp.eye(n, dtype=dtype), tuple(batch) + (n, n))
+
+
+def _refuse_check_errors(node, op: str):
+    if node.attrs["check_errors"]:
+        raise NotImplementedError(
+            f"{op}(check_errors=True) would raise on the host when the factorization fails, "
+            f"which a lazy program cannot do; call it with check_errors=False and test the "
+            f"info output"
+        )
+
+
+def _hermitian_from(x, lower: bool):
+    """The Hermitian matrix LAPACK reads from one triangle of ``x`` (the diagonal's imaginary
+    part ignored), the other triangle not read at all."""
+    t = jnp.tril(x, -1) if lower else jnp.triu(x, 1)
+    d = jnp.diagonal(x, axis1=-2, axis2=-1)
+    if _is_complex(x):
+        d = jnp.real(d).astype(x.dtype)
+    n = x.shape[-1]
+    eye = jnp.eye(n, dtype=bool)
+    return jnp.where(eye, d[..., None, :], t + _mH(t))
+
+
+def _tri_solve(a, b, *, lower: bool, left: bool = True, unit: bool = False, trans: str = "N"):
+    """``op(a) x = b`` (left) or ``x op(a) = b`` (right), op in N, T (transpose) or C
+    (conjugate transpose); the batch dims of ``a`` and ``b`` broadcast."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = _batch_to(a, batch)
+    b = _batch_to(b, batch)
+    dtype = jnp.result_type(a.dtype, b.dtype)
+    if a.shape[-1] == 0 or b.shape[-1] == 0 or b.shape[-2] == 0:
+        return jnp.zeros(b.shape, dtype)
+    return lax_linalg.triangular_solve(
+        a.astype(dtype),
+        b.astype(dtype),
+        left_side=left,
+        lower=lower,
+        transpose_a=trans != "N",
+        conjugate_a=trans == "C",
+        unit_diagonal=unit,
+    )
+
+
+def _pivots_to_perm(pivots, m: int):
+    """LAPACK's 1-based row interchanges as the permutation ``perm``: ``A[perm] = L @ U``."""
+    if pivots.shape[-1] == 0:
+        return jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), pivots.shape[:-1] + (m,))
+    return lax_linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
+
+
+def _lu_factor(a):
+    """(LU, 1-based int32 pivots, int32 info) as LAPACK's getrf gives them: info is the first
+    exactly zero diagonal entry of U (1-based), else 0."""
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    batch = a.shape[:-2]
+    if k == 0:
+        return a, jnp.zeros(batch + (0,), jnp.int32), jnp.zeros(batch, jnp.int32)
+    lu, pivots, _ = lax_linalg.lu(a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    zero = diag == 0
+    first = jnp.argmax(zero, axis=-1).astype(jnp.int32) + 1
+    info = jnp.where(jnp.any(zero, axis=-1), first, 0).astype(jnp.int32)
+    return lu, (pivots + 1).astype(jnp.int32), info
+
+
+def _permute_rows(b, perm):
+    """``b[perm]`` on the row axis, batched (``perm`` broadcasts against ``b``'s batch)."""
+    return jnp.take_along_axis(b, perm[..., :, None], axis=-2)
+
+
+def _lu_solve(lu, pivots, b, *, left: bool, adjoint: bool):
+    """``A x = b`` (or ``A^H x = b``; or ``x A = b``, ``x A^H = b`` when not ``left``) for
+    ``A = P L U`` given as getrf's LU and 1-based pivots; batch dims broadcast."""
+    if not left:
+        return _mH(_lu_solve(lu, pivots, _mH(b), left=True, adjoint=not adjoint))
+    n = lu.shape[-1]
+    batch = jnp.broadcast_shapes(lu.shape[:-2], b.shape[:-2])
+    dtype = jnp.result_type(lu.dtype, b.dtype)
+    lu = _batch_to(lu, batch).astype(dtype)
+    b = _batch_to(b, batch).astype(dtype)
+    if n == 0 or b.shape[-1] == 0:
+        return b
+    perm = _batch_to(_pivots_to_perm(pivots, n), batch, core=1)
+    if not adjoint:
+        y = _permute_rows(b, perm)
+        y = _tri_solve(lu, y, lower=True, unit=True)
+        return _tri_solve(lu, y, lower=False)
+    y = _tri_solve(lu, b, lower=False, trans="C")
+    y = _tri_solve(lu, y, lower=True, unit=True, trans="C")
+    return _permute_rows(y, jnp.argsort(perm, axis=-1))
+
+
+def _det_p(pivots):
+    """The determinant of the permutation the pivots make: -1 per row interchange."""
+    k = pivots.shape[-1]
+    swaps = jnp.sum(pivots != jnp.arange(1, k + 1, dtype=pivots.dtype), axis=-1)
+    return jnp.where(swaps % 2 == 0, 1, -1)
+
+
+def _uses_transpose(a) -> bool:
+    """Whether torch factors ``A.mT`` for ``A`` (a contiguous real matrix; lazy tensors are
+    contiguous)."""
+    return not _is_complex(a)
+
+
+def _is_vector_rhs(a_shape, b_shape) -> bool:
+    """torch's linalg_solve_is_vector_rhs."""
+    return len(b_shape) == 1 or (
+        len(a_shape) - 1 == len(b_shape) and tuple(b_shape) == tuple(a_shape[:-1])
+    )
+
+
+# -- Cholesky ----------------------------------------------------------------------------------
+
+
+def _cholesky_info(h):
+    """LAPACK potrf's info for the Hermitian ``h`` (lower triangle): the order of the first
+    leading minor that is not positive definite (a pivot <= 0 or NaN), else 0. An unblocked
+    Cholesky, run only where the factorization failed."""
+    n = h.shape[-1]
+    batch = h.shape[:-2]
+    idx = jnp.arange(n)
+
+    def step(j, carry):
+        low, info = carry
+        row = lax.dynamic_index_in_dim(low, j, axis=-2, keepdims=False)  # L[j, :j], zeros after
+        a_jj = jnp.real(lax.dynamic_index_in_dim(
+            lax.dynamic_index_in_dim(h, j, axis=-2, keepdims=False), j, axis=-1, keepdims=False
+        ))
+        d = a_jj - jnp.sum(jnp.abs(row) ** 2, axis=-1)
+        fail = ~(d > 0)
+        info = jnp.where((info == 0) & fail, j + 1, info)
+        l_jj = jnp.sqrt(jnp.where(fail, 1, d))
+        col_a = lax.dynamic_index_in_dim(h, j, axis=-1, keepdims=False)
+        col = (col_a - jnp.einsum("...ik,...k->...i", low, jnp.conj(row))) / l_jj[..., None]
+        col = jnp.where(idx > j, col, jnp.where(idx == j, l_jj[..., None].astype(h.dtype), 0))
+        low = lax.dynamic_update_index_in_dim(low, col[..., :, None], j, axis=-1)
+        return low, info
+
+    _, info = lax.fori_loop(
+        0, n, step, (jnp.zeros_like(h), jnp.zeros(batch, jnp.int32))
+    )
+    return info
+
+
+def _cholesky(a, upper: bool):
+    """(factor, info): the lower (or upper) Cholesky factor from that triangle of ``a``."""
+    x = _mH(a) if upper else a
+    h = _hermitian_from(x, lower=True)
+    batch = a.shape[:-2]
+    if a.shape[-1] == 0:
+        return a, jnp.zeros(batch, jnp.int32)
+    low = jnp.tril(lax_linalg.cholesky(h, symmetrize_input=False))
+    failed = jnp.any(jnp.isnan(low))
+    info = lax.cond(
+        failed, _cholesky_info, lambda h: jnp.zeros(batch, jnp.int32), h
+    )
+    return (_mH(low) if upper else low), info
+
+
+@register("aten::linalg_cholesky_ex.default")
+def _linalg_cholesky_ex(node, a):
+    _refuse_check_errors(node, "linalg_cholesky_ex")
+    factor, info = _cholesky(a, node.attrs["upper"])
+    return factor.astype(out_dtype(node, 0)), info
+
+
+@register("aten::cholesky.default")
+def _cholesky_deprecated(node, a):
+    """torch raises when ``a`` is not positive definite; here the factor is NaN then."""
+    return _cholesky(a, node.attrs["upper"])[0].astype(out_dtype(node))
+
+
+@register("aten::cholesky_inverse.default")
+def _cholesky_inverse(node, factor):
+    """``(L L^H)^-1`` from the lower factor (``(U^H U)^-1`` from the upper), reading only its
+    triangle."""
+    upper = node.attrs["upper"]
+    n = factor.shape[-1]
+    eye = _eye_like(n, factor.shape[:-2], factor.dtype)
+    if upper:
+        inv = _tri_solve(factor, eye, lower=False)  # U^-1
+        out = _matmul(inv, _mH(inv))
+    else:
+        inv = _tri_solve(factor, eye, lower=True)  # L^-1
+        out = _matmul(_mH(inv), inv)
+    return out.astype(out_dtype(node))
+
+
+@register("aten::cholesky_solve.default")
+def _cholesky_solve(node, b, factor):
+    """``A x = b`` with ``A = L L^H`` (or ``U^H U``); batch dims broadcast."""
+    upper = node.attrs["upper"]
+    if upper:
+        y = _tri_solve(factor, b, lower=False, trans="C")
+        x = _tri_solve(factor, y, lower=False)
+    else:
+        y = _tri_solve(factor, b, lower=True)
+        x = _tri_solve(factor, y, lower=True, trans="C")
+    return x.astype(out_dtype(node))
+
+
+# -- triangular solves -------------------------------------------------------------------------
+
+
+@register("aten::linalg_solve_triangular.default")
+def _linalg_solve_triangular(node, a, b):
+    x = _tri_solve(
+        a,
+        b,
+        lower=not node.attrs["upper"],
+        left=node.attrs["left"],
+        unit=node.attrs["unitriangular"],
+    )
+    return x.astype(out_dtype(node))
+
+
+@register("aten::triangular_solve.default")
+def _triangular_solve(node, b, a):
+    """(solution, the coefficient matrix broadcast): ``op(A) X = B``, op the plain transpose
+    when ``transpose`` (not the conjugate one, as torch)."""
+    x = _tri_solve(
+        a,
+        b,
+        lower=not node.attrs["upper"],
+        unit=node.attrs["unitriangular"],
+        trans="T" if node.attrs["transpose"] else "N",
+    )
+    coeff = jnp.broadcast_to(a, out_dims(node, 1))
+    return x.astype(out_dtype(node, 0)), coeff.astype(out_dtype(node, 1))
+
+
+# -- LU ----------------------------------------------------------------------------------------
+
+
+def _refuse_no_pivot(node, op: str):
+    if not node.attrs["pivot"]:
+        raise NotImplementedError(
+            f"{op}(pivot=False): LU without pivoting is not supported on the lazy device (nor "
+            f"by torch on CPU); use pivot=True"
+        )
+
+
+@register("aten::linalg_lu_factor_ex.default")
+def _linalg_lu_factor_ex(node, a):
+    _refuse_no_pivot(node, "linalg_lu_factor_ex")
+    _refuse_check_errors(node, "linalg_lu_factor_ex")
+    lu, pivots, info = _lu_factor(a)
+    return lu.astype(out_dtype(node, 0)), pivots, info
+
+
+def _unpack(lu, pivots, node, unpack_data: bool, unpack_pivots: bool):
+    """(P, L, U) from getrf's LU and pivots, as lu_unpack gives them."""
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    if unpack_pivots:
+        perm = _pivots_to_perm(pivots, m)
+        # A = P L U with A[perm] = L U: P[perm[i], i] = 1.
+        p = jnp.swapaxes(jax.nn.one_hot(perm, m, dtype=out_dtype(node, 0)), -1, -2)
+        p = jnp.broadcast_to(p, out_dims(node, 0))
+    else:
+        p = _empty(node, 0)
+    if unpack_data:
+        low = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+        up = jnp.triu(lu[..., :k, :])
+        low, up = low.astype(out_dtype(node, 1)), up.astype(out_dtype(node, 2))
+    else:
+        low, up = _empty(node, 1), _empty(node, 2)
+    return p, low, up
+
+
+@register("aten::linalg_lu.default")
+def _linalg_lu(node, a):
+    _refuse_no_pivot(node, "linalg_lu")
+    lu, pivots, _ = _lu_factor(a)
+    return _unpack(lu, pivots, node, True, True)
+
+
+@register("aten::lu_unpack.default")
+def _lu_unpack(node, lu, pivots):
+    return _unpack(lu, pivots, node, node.attrs["unpack_data"], node.attrs["unpack_pivots"])
+
+
+@register("aten::linalg_lu_solve.default")
+def _linalg_lu_solve(node, lu, pivots, b):
+    x = _lu_solve(lu, pivots, b, left=node.attrs["left"], adjoint=node.attrs["adjoint"])
+    return x.astype(out_dtype(node))
+
+
+# -- solve, inverse, determinants --------------------------------------------------------------
+
+
+def _solve_ex(a, b, left: bool):
+    """torch's _linalg_solve_ex: (X, LU, pivots, info), LU that of ``A.mT`` for real ``A``."""
+    use_t = _uses_transpose(a)
+    lu, pivots, info = _lu_factor(_mT(a) if use_t else a)
+    vector = _is_vector_rhs(lu.shape, b.shape)
+    b_ = b[..., None] if vector else b
+    x = _lu_solve(lu, pivots, b_, left=left, adjoint=use_t)
+    if vector:
+        x = x[..., 0]
+    return x, lu, pivots, info
+
+
+@register("aten::_linalg_solve_ex.default")
+def _linalg_solve_ex(node, a, b):
+    _refuse_check_errors(node, "linalg_solve_ex")
+    x, lu, pivots, info = _solve_ex(a, b, node.attrs["left"])
+    return (
+        jnp.broadcast_to(x, out_dims(node, 0)).astype(out_dtype(node, 0)),
+        lu.astype(out_dtype(node, 1)),
+        pivots,
+        info,
+    )
+
+
+@register("aten::linalg_inv_ex.default")
+def _linalg_inv_ex(node, a):
+    """torch's: ``solve_ex(A, I)``."""
+    _refuse_check_errors(node, "linalg_inv_ex")
+    eye = _eye_like(a.shape[-1], a.shape[:-2], a.dtype)
+    x, _, _, info = _solve_ex(a, eye, True)
+    return x.astype(out_dtype(node, 0)), info
+
+
+@register("aten::_linalg_det.default")
+def _linalg_det(node, a):
+    """(det, LU, pivots): LU of ``A.mT`` for real ``A``, as torch."""
+    lu, pivots, _ = _lu_factor(_mT(a) if _uses_transpose(a) else a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    det = _det_p(pivots).astype(lu.dtype) * jnp.prod(diag, axis=-1)
+    return det.astype(out_dtype(node, 0)), lu.astype(out_dtype(node, 1)), pivots
+
+
+@register("aten::_linalg_slogdet.default")
+def _linalg_slogdet(node, a):
+    """(sign, log|det|, LU, pivots), as torch: the sign from the product of the signs of U's
+    diagonal (0 for a singular matrix, whose log|det| is -inf)."""
+    lu, pivots, _ = _lu_factor(_mT(a) if _uses_transpose(a) else a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    absdiag = jnp.abs(diag)
+    if _is_complex(lu):
+        sgn = jnp.where(absdiag == 0, 0, diag / jnp.where(absdiag == 0, 1, absdiag))
+    else:
+        sgn = jnp.sign(diag)
+    sign = jnp.prod(sgn, axis=-1) * _det_p(pivots).astype(lu.dtype)
+    logabs = jnp.sum(jnp.log(absdiag), axis=-1)
+    return (
+        sign.astype(out_dtype(node, 0)),
+        logabs.astype(out_dtype(node, 1)),
+        lu.astype(out_dtype(node, 2)),
+        pivots,
+    )
+
+
+# -- QR and Householder products ---------------------------------------------------------------
+
+
+@register("aten::linalg_qr.default")
+def _linalg_qr(node, a):
+    mode = node.attrs["mode"]
+    if mode not in ("reduced", "complete", "r"):
+        raise ValueError(f"linalg_qr: mode {mode!r} is not one of 'reduced', 'complete', 'r'")
+    m, n = a.shape[-2:]
+    if mode == "r":
+        r = jnp.linalg.qr(a, mode="r") if min(m, n) else jnp.zeros(out_dims(node, 1), a.dtype)
+        return _empty(node, 0), r.astype(out_dtype(node, 1))
+    if min(m, n) == 0:
+        k = m if mode == "complete" else 0
+        q = _eye_like(m, a.shape[:-2], a.dtype)[..., :, :k]
+        return (
+            jnp.broadcast_to(q, out_dims(node, 0)).astype(out_dtype(node, 0)),
+            jnp.zeros(out_dims(node, 1), out_dtype(node, 1)),
+        )
+    q, r = jnp.linalg.qr(a, mode=mode)
+    return q.astype(out_dtype(node, 0)), r.astype(out_dtype(node, 1))
+
+
+@register("aten::geqrf.default")
+def _geqrf(node, a):
+    """LAPACK's geqrf: R above the diagonal, the Householder vectors below it, and tau."""
+    if min(a.shape[-2:]) == 0:
+        return a.astype(out_dtype(node, 0)), _empty(node, 1)
+    h, tau = jnp.linalg.qr(a, mode="raw")
+    return _mT(h).astype(out_dtype(node, 0)), tau.astype(out_dtype(node, 1))
+
+
+@register("aten::linalg_householder_product.default")
+def _householder_product(node, a, tau):
+    m, n = a.shape[-2:]
+    k = tau.shape[-1]
+    if m < n or k > n:
+        raise ValueError(
+            f"linalg_householder_product: input {list(a.shape)} must have rows >= columns and "
+            f"tau {list(tau.shape)} at most as many entries as it has columns"
+        )
+    batch = jnp.broadcast_shapes(a.shape[:-2], tau.shape[:-1])
+    a = _batch_to(a, batch)
+    tau = _batch_to(tau, batch, core=1).astype(a.dtype)
+    if n == 0:
+        return a.astype(out_dtype(node))
+    if k == 0:
+        return _eye_like(m, batch, a.dtype)[..., :n].astype(out_dtype(node))
+    return lax_linalg.householder_product(a, tau).astype(out_dtype(node))
+
+
+@register("aten::ormqr.default")
+def _ormqr(node, a, tau, c):
+    """``op(Q) C`` (or ``C op(Q)`` when not ``left``), Q the product of the Householder
+    reflectors in ``a`` and ``tau``; op the conjugate transpose when ``transpose``."""
+    left, transpose = node.attrs["left"], node.attrs["transpose"]
+    batch = jnp.broadcast_shapes(a.shape[:-2], tau.shape[:-1], c.shape[:-2])
+    a = _batch_to(a, batch)
+    tau = _batch_to(tau, batch, core=1)
+    c = _batch_to(c, batch)
+    dtype = out_dtype(node)
+    if tau.shape[-1] == 0 or c.size == 0:
+        return c.astype(dtype)
+    # Q (m x m) from the reflectors, padded with identity reflectors (tau 0).
+    m, k = a.shape[-2], tau.shape[-1]
+    full = jnp.zeros(batch + (m, m), dtype).at[..., :, :k].set(a[..., :, :k].astype(dtype))
+    taus = jnp.zeros(batch + (m,), dtype).at[..., :k].set(tau.astype(dtype))
+    q = lax_linalg.householder_product(full, taus)
+    if transpose:
+        q = _mH(q)
+    return (_matmul(q, c) if left else _matmul(c, q)).astype(dtype)
+
+
+# -- SVD and eigendecompositions ---------------------------------------------------------------
+
+
+@register("aten::_linalg_svd.default")
+def _linalg_svd(node, a):
+    """(U, S, Vh) through LAPACK's gesdd, torch's CPU driver; U and Vh empty without
+    ``compute_uv``."""
+    if node.attrs["driver"] is not None:
+        raise NotImplementedError(
+            f"_linalg_svd(driver={node.attrs['driver']!r}): a cuSOLVER driver is not available "
+            f"on the lazy device; leave driver=None"
+        )
+    full, compute_uv = node.attrs["full_matrices"], node.attrs["compute_uv"]
+    m, n = a.shape[-2:]
+    batch = a.shape[:-2]
+    if min(m, n) == 0:
+        s = jnp.zeros(out_dims(node, 1), out_dtype(node, 1))
+        if not compute_uv:
+            return _empty(node, 0), s, _empty(node, 2)
+        u = _eye_like(m, batch, out_dtype(node, 0))[..., : out_dims(node, 0)[-1]]
+        vh = _eye_like(n, batch, out_dtype(node, 2))[..., : out_dims(node, 2)[-2], :]
+        return u, s, vh
+    if not compute_uv:
+        s = jnp.linalg.svd(a, compute_uv=False)
+        return _empty(node, 0), s.astype(out_dtype(node, 1)), _empty(node, 2)
+    u, s, vh = jnp.linalg.svd(a, full_matrices=full)
+    return u.astype(out_dtype(node, 0)), s.astype(out_dtype(node, 1)), vh.astype(out_dtype(node, 2))
+
+
+@register("aten::_linalg_eigh.default")
+def _linalg_eigh(node, a):
+    """(ascending eigenvalues, eigenvectors) of the Hermitian matrix in the ``UPLO`` triangle of
+    ``a``; eigenvectors empty without ``compute_v``."""
+    uplo = node.attrs["UPLO"]
+    if uplo not in ("L", "U"):
+        raise ValueError(f"_linalg_eigh: UPLO must be 'L' or 'U', got {uplo!r}")
+    lower = uplo == "L"
+    if a.shape[-1] == 0:
+        w = jnp.zeros(out_dims(node, 0), out_dtype(node, 0))
+        v = jnp.zeros(out_dims(node, 1), out_dtype(node, 1))
+        return w, v
+    h = _hermitian_from(a, lower)
+    v, w = lax_linalg.eigh(h, lower=lower, symmetrize_input=False)
+    w = w.astype(out_dtype(node, 0))
+    if not node.attrs["compute_v"]:
+        return w, _empty(node, 1)
+    return w, v.astype(out_dtype(node, 1))
+
+
+def _eig(a, vectors: bool):
+    if a.shape[-1] == 0:
+        return jnp.zeros(a.shape[:-1], jnp.result_type(a.dtype, jnp.complex64)), None
+    out = lax_linalg.eig(
+        a, compute_left_eigenvectors=False, compute_right_eigenvectors=vectors
+    )
+    return out[0], (out[1] if vectors else None)
+
+
+@register("aten::linalg_eig.default")
+def _linalg_eig(node, a):
+    """Eigenvalues and unit-norm right eigenvectors (LAPACK's geev, as torch), complex."""
+    if a.shape[-1] == 0:
+        return _empty(node, 0), _empty(node, 1)
+    w, v = _eig(a, True)
+    return w.astype(out_dtype(node, 0)), v.astype(out_dtype(node, 1))
+
+
+@register("aten::_linalg_eigvals.default")
+def _linalg_eigvals(node, a):
+    if a.shape[-1] == 0:
+        return _empty(node, 0)
+    return _eig(a, False)[0].astype(out_dtype(node))
+
+
+# -- matrix functions --------------------------------------------------------------------------
+
+
+@register("aten::linalg_matrix_exp.default")
+def _linalg_matrix_exp(node, a):
+    if a.shape[-1] == 0:
+        return a.astype(out_dtype(node))
+    if a.ndim == 2:
+        return jsl.expm(a).astype(out_dtype(node))
+    flat = a.reshape((-1,) + a.shape[-2:])
+    out = jax.vmap(jsl.expm)(flat)
+    return out.reshape(a.shape).astype(out_dtype(node))
+
+
+@register("aten::linalg_pinv.atol_rtol_tensor")
+def _linalg_pinv(node, a, atol, rtol):
+    """torch's: from the SVD (the eigendecomposition when ``hermitian``), singular values at
+    most ``max(atol, rtol * largest)`` dropped, the tolerances in float64 as torch has them."""
+    dtype = out_dtype(node)
+    if a.size == 0:
+        return jnp.zeros(out_dims(node), dtype)
+    m, n = a.shape[-2:]
+    if atol is None:
+        atol_ = jnp.zeros((), jnp.float64)
+    else:
+        atol_ = atol.astype(jnp.float64)
+    if rtol is not None:
+        rtol_ = rtol.astype(jnp.float64)
+    else:
+        eps = float(jnp.finfo(_real_dtype(a.dtype)).eps)
+        default = jnp.asarray(eps * max(m, n), jnp.float64)
+        rtol_ = default if atol is None else jnp.where(atol_ > 0, 0.0, default)
+    if node.attrs["hermitian"]:
+        h = _hermitian_from(a, lower=True)
+        vecs, s = lax_linalg.eigh(h, lower=True, symmetrize_input=False)
+        top = jnp.max(jnp.abs(s), axis=-1, keepdims=True)
+        tol = jnp.maximum(atol_[..., None], rtol_[..., None] * top)
+        keep = jnp.abs(s).astype(jnp.float64) > tol
+        s_inv = jnp.where(keep, 1 / s, 0).astype(a.dtype)
+        out = _matmul(vecs * s_inv[..., None, :], _mH(vecs))
+    else:
+        u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+        top = s[..., :1]
+        tol = jnp.maximum(atol_[..., None], rtol_[..., None] * top)
+        keep = s.astype(jnp.float64) > tol
+        s_inv = jnp.where(keep, 1 / s, 0).astype(a.dtype)
+        out = _matmul(_mH(vh) * s_inv[..., None, :], _mH(u))
+    return jnp.broadcast_to(out, out_dims(node)).astype(dtype)
+
+
+@register("aten::trace.default")
+def _trace(node, x):
+    return jnp.trace(x).astype(out_dtype(node))

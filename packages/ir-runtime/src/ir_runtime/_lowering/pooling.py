@@ -1,7 +1,26 @@
-"""Pooling: max (with indices) and average pooling, adaptive pooling, and their backward ops."""
+"""Pooling: max pooling (with indices), average pooling, adaptive average and max pooling,
+fractional max pooling, and their backward ops.
+
+Every op takes ``n`` spatial dims (the last ``n`` of its input) and any leading dims (``N, C``
+or, without a batch, ``C``). Windows follow torch's CPU kernels exactly:
+
+- max and average pooling: window ``i`` starts at ``i * stride - padding``; the output size is
+  torch's ``pooling_output_shape`` (with ``ceil_mode`` the last window must start inside the
+  input or its left padding);
+- adaptive pooling: window ``i`` of ``out`` over ``size`` is
+  ``[floor(i * size / out), ceil((i + 1) * size / out))``;
+- fractional max pooling: the window starts torch's ``generate_intervals`` draws from the op's
+  ``random_samples`` operand (computed in the samples' dtype, as torch does).
+
+A max picks the first largest element of its window in row-major order, or the last NaN, and
+its index is the element's flat position in its input plane, as torch's kernels do. The backward
+ops of max pooling add each output's gradient at its index; the others are jax.vjp of their
+forward rule, so forward and backward always agree.
+"""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -9,112 +28,487 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import out_dtype, register
+from ir_runtime._lowering._registry import out_dims, out_dtype, register
+
+_LOW_PRECISION = (jnp.float16, jnp.bfloat16)
 
 
-def _pool_window(node, x):
-    n = x.ndim - 2
-    k = tuple(node.attrs["kernel_size"])
-    k = k * n if len(k) == 1 else k
-    stride = tuple(node.attrs.get("stride") or k)
-    stride = stride * n if len(stride) == 1 else stride
-    pad = tuple(node.attrs.get("padding", (0,) * n))
-    pad = pad * n if len(pad) == 1 else pad
-    dil = tuple(node.attrs.get("dilation", (1,) * n))
-    dil = dil * n if len(dil) == 1 else dil
-    return k, stride, pad, dil
+def _op(node) -> str:
+    return node.op.removeprefix("aten::")
 
 
-def _max_pool(x, k, stride, pad, dil):
-    # Concrete (numpy) init values: jax then uses its differentiable max/sum window reducers.
-    init = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    return lax.reduce_window(
-        x,
-        np.array(init, x.dtype),
-        lax.max,
-        (1, 1, *k),
-        (1, 1, *stride),
-        [(0, 0), (0, 0), *[(p, p) for p in pad]],
-        window_dilation=(1, 1, *dil),
-    )
+def _ints(node, name: str, n: int, empty=None) -> tuple:
+    """Attribute ``name`` as ``n`` ints: one int (or a one-element list) stands for all dims;
+    an empty list is ``empty`` (stride: the kernel size)."""
+    v = node.attrs[name]
+    if isinstance(v, int):
+        v = (v,)
+    v = tuple(int(e) for e in v)
+    if not v and empty is not None:
+        return empty
+    if len(v) == 1:
+        v = v * n
+    if len(v) != n:
+        raise ValueError(f"{_op(node)}: {name}={node.attrs[name]!r} must have 1 or {n} entries")
+    return v
 
 
-@register("aten::max_pool2d_with_indices.default", "aten::max_pool3d_with_indices.default")
-def _max_pool_with_indices(node, x):
-    k, stride, pad, dil = _pool_window(node, x)
-    if node.attrs.get("ceil_mode", False):
-        raise ValueError("max_pool with ceil_mode=True is not supported yet")
-    out = _max_pool(x, k, stride, pad, dil)
-    # Indices: flat positions within each (N, C) plane of the input, as torch returns them.
-    spatial = x.shape[2:]
-    flat = jnp.arange(math.prod(spatial), dtype=jnp.float64)
-    positions = jnp.broadcast_to(flat.reshape(spatial), x.shape)
-    # Pick the position of the max by reducing (value, -position) pairs.
-    _, idx = lax.reduce_window(
-        (x, -positions),
-        (jnp.asarray(-jnp.inf, x.dtype), jnp.asarray(-jnp.inf, positions.dtype)),
-        _argmax_pair,
-        (1, 1, *k),
-        (1, 1, *stride),
-        [(0, 0), (0, 0), *[(p, p) for p in pad]],
-        window_dilation=(1, 1, *dil),
-    )
-    return out.astype(out_dtype(node)), (-idx).astype(out_dtype(node, 1))
+def _acc(dtype):
+    """The dtype sums and means are computed in: float32 for half precision, as torch does."""
+    return np.dtype(np.float32) if dtype in _LOW_PRECISION else np.dtype(dtype)
 
 
-def _argmax_pair(a, b):
-    (va, ia), (vb, ib) = a, b
-    take_a = (va > vb) | ((va == vb) & (ia > ib))
-    return jnp.where(take_a, va, vb), jnp.where(take_a, ia, ib)
-
-
-@register("aten::max_pool2d_with_indices_backward.default")
-def _max_pool_backward(node, grad, x, indices):
-    """Each output's gradient goes to the input position its index names, as in torch."""
-    n, c = x.shape[:2]
-    flat = jnp.zeros((n, c, math.prod(x.shape[2:])), grad.dtype)
-    rows = jnp.arange(n)[:, None, None]
-    chans = jnp.arange(c)[None, :, None]
-    flat = flat.at[rows, chans, indices.reshape(n, c, -1)].add(grad.reshape(n, c, -1))
-    return flat.reshape(x.shape).astype(out_dtype(node))
-
-
-def _avg_pool(node, x):
-    k, stride, pad, _ = _pool_window(node, x)
-    window = [(0, 0), (0, 0), *[(p, p) for p in pad]]
-    summed = lax.reduce_window(
-        x, np.array(0, x.dtype), lax.add, (1, 1, *k), (1, 1, *stride), window
-    )
-    if node.attrs.get("count_include_pad", True) or not any(pad):
-        return summed / jnp.asarray(float(math.prod(k)), x.dtype)
-    ones = jnp.ones(x.shape[2:], x.dtype)[None, None]
-    counts = lax.reduce_window(
-        ones, np.array(0, x.dtype), lax.add, (1, 1, *k), (1, 1, *stride), window
-    )
-    return summed / counts
-
-
-@register("aten::avg_pool2d.default")
-def _avg_pool2d(node, x):
-    return _avg_pool(node, x).astype(out_dtype(node))
-
-
-@register("aten::avg_pool2d_backward.default")
-def _avg_pool2d_backward(node, grad, x):
-    _, vjp = jax.vjp(lambda v: _avg_pool(node, v), x)
-    return vjp(grad)[0].astype(out_dtype(node))
-
-
-@register("aten::_adaptive_avg_pool2d.default")
-def _adaptive_avg_pool2d(node, x):
-    out_h, out_w = node.attrs["output_size"]
-    h, w = x.shape[-2:]
-    if h % out_h or w % out_w:
+def _check_out(node, x, n: int, sizes, k: int = 0) -> tuple:
+    """``sizes`` (the spatial output sizes a rule computes) against the node's output shape."""
+    sizes = tuple(int(s) for s in sizes)
+    want = tuple(out_dims(node, k))
+    if want != (*x.shape[:-n], *sizes):
         raise ValueError(
-            f"adaptive_avg_pool2d from {(h, w)} to {(out_h, out_w)}: sizes must divide"
+            f"{_op(node)}: input {tuple(x.shape)} pools to {(*x.shape[:-n], *sizes)}, but the "
+            f"node's output {k} is {want}"
         )
-    return (
-        x.reshape(*x.shape[:-2], out_h, h // out_h, out_w, w // out_w)
-        .mean(axis=(-3, -1))
-        .astype(out_dtype(node))
+    return sizes
+
+
+def _spatial(node, x, n: int):
+    if x.ndim not in (n + 1, n + 2):
+        raise ValueError(
+            f"{_op(node)}: input must be {n + 1}-D or {n + 2}-D (with a batch dim), got "
+            f"{tuple(x.shape)}"
+        )
+    return tuple(x.shape[-n:])
+
+
+# -- window geometry -----------------------------------------------------------------------------
+
+
+def _pool_out_size(size, k, s, p, d, ceil_mode) -> int:
+    """torch's pooling_output_shape."""
+    numerator = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    out = numerator // s + 1  # floor division: torch's div_rtn
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1  # the last window must start inside the input or its left padding
+    return out
+
+
+def _geometry(node, x, n: int, dilation: bool):
+    """(kernel, stride, padding, dilation, output sizes, input sizes) of a max or avg pool."""
+    sizes = _spatial(node, x, n)
+    k = _ints(node, "kernel_size", n)
+    s = _ints(node, "stride", n, empty=k)
+    p = _ints(node, "padding", n)
+    d = _ints(node, "dilation", n) if dilation else (1,) * n
+    ceil_mode = node.attrs["ceil_mode"]
+    for name, v in (("kernel_size", k), ("stride", s), ("dilation", d)):
+        if any(e <= 0 for e in v):
+            raise ValueError(f"{_op(node)}: {name}={v} must be positive")
+    for pd, kd, dd in zip(p, k, d, strict=True):
+        if pd < 0 or pd > ((kd - 1) * dd + 1) // 2:
+            raise ValueError(
+                f"{_op(node)}: padding={p} must be at least 0 and at most half the "
+                f"effective kernel size (kernel_size={k}, dilation={d})"
+            )
+    out = tuple(
+        _pool_out_size(*a, ceil_mode) for a in zip(sizes, k, s, p, d, strict=True)
     )
+    if any(o <= 0 for o in out):
+        raise ValueError(f"{_op(node)}: input {tuple(x.shape)} is too small: output {out}")
+    return k, s, p, d, out, sizes
+
+
+def _padding_for(sizes, k, s, p, d, out) -> list:
+    """(low, high) padding per spatial dim so the windows of ``out`` outputs all fit: ``p``
+    each side, and more on the right where ceil_mode's last window overhangs it."""
+    pads = []
+    for size, kd, sd, pd, dd, od in zip(sizes, k, s, p, d, out, strict=True):
+        needed = (od - 1) * sd + (kd - 1) * dd + 1
+        pads.append((pd, max(pd, needed - size - pd)))
+    return pads
+
+
+def _plane_strides(sizes) -> tuple:
+    """The flat-index stride of each spatial dim within one plane (row-major)."""
+    return tuple(math.prod(sizes[i + 1 :]) for i in range(len(sizes)))
+
+
+def _combine(per_dim, n: int, op):
+    """Per-dim window arrays (``lead + (out_d, k_d)``, lead the same for all) combined with
+    ``op`` into one array ``lead + (out_1, ..., out_n, k_1 * ... * k_n)``, kernel offsets in
+    row-major order (torch's scan order)."""
+    lead = per_dim[0].shape[:-2]
+    total = None
+    for i, a in enumerate(per_dim):
+        shape = [1] * (2 * n)
+        shape[i], shape[n + i] = a.shape[-2], a.shape[-1]
+        a = jnp.reshape(a, (*lead, *shape))
+        total = a if total is None else op(total, a)
+    outs = tuple(a.shape[-2] for a in per_dim)
+    ks = tuple(a.shape[-1] for a in per_dim)
+    total = jnp.broadcast_to(total, (*lead, *outs, *ks))
+    return jnp.reshape(total, (*lead, *outs, math.prod(ks)))
+
+
+def _flat_positions(per_dim_pos, sizes, n: int):
+    strides = _plane_strides(sizes)
+    return _combine(
+        [jnp.asarray(p, jnp.int64) * st for p, st in zip(per_dim_pos, strides, strict=True)],
+        n,
+        jnp.add,
+    )
+
+
+def _strided_windows(x, n: int, k, s, d, pads, out):
+    """The pooling windows of ``x`` as ``lead + out + (prod(k),)``: one strided slice of the
+    padded input per kernel offset (row-major), no gather."""
+    lead = x.ndim - n
+    xp = lax.pad(x, np.array(0, x.dtype), [(0, 0, 0)] * lead + [(lo, hi, 0) for lo, hi in pads])
+    slices = []
+    for offsets in itertools.product(*(range(kd) for kd in k)):
+        start = [0] * lead + [j * dd for j, dd in zip(offsets, d, strict=True)]
+        limit = list(xp.shape[:lead]) + [
+            j * dd + (od - 1) * sd + 1 for j, dd, od, sd in zip(offsets, d, out, s, strict=True)
+        ]
+        slices.append(lax.slice(xp, start, limit, (1,) * lead + tuple(s)))
+    return jnp.stack(slices, axis=-1)
+
+
+def _gather_windows(x, n: int, per_dim_pos):
+    """Windows ``lead + out + (prod(k),)`` of ``x`` at the (in-range) positions ``per_dim_pos``,
+    one ``(out_d, k_d)`` int array per spatial dim, the same for every plane."""
+    idx = []
+    for i, p in enumerate(per_dim_pos):
+        shape = [1] * (2 * n)
+        shape[i], shape[n + i] = p.shape
+        idx.append(jnp.reshape(jnp.asarray(p), shape))
+    w = x[(Ellipsis, *idx)]  # lead + (out_1, .., out_n, k_1, .., k_n)
+    return jnp.reshape(w, (*w.shape[: x.ndim], -1))
+
+
+def _select_max(w, valid, positions):
+    """Max over the last axis of ``w`` among ``valid`` entries, and the position it is at:
+    torch's rule, the first largest or else the last NaN (a window of -inf gives its first
+    valid entry)."""
+    floating = jnp.issubdtype(w.dtype, jnp.floating)
+    low = -np.inf if floating else jnp.iinfo(w.dtype).min
+    v = jnp.where(valid, w, np.array(low, w.dtype))
+    top = jnp.max(v, axis=-1, keepdims=True)
+    pick = jnp.argmax(valid & (v == top), axis=-1)
+    if floating:
+        nan = valid & jnp.isnan(w)
+        last_nan = w.shape[-1] - 1 - jnp.argmax(jnp.flip(nan, axis=-1), axis=-1)
+        pick = jnp.where(jnp.any(nan, axis=-1), last_nan, pick)
+    pick = pick[..., None]
+    value = jnp.take_along_axis(w, pick, axis=-1)[..., 0]
+    positions = jnp.broadcast_to(positions, w.shape)
+    index = jnp.take_along_axis(positions, pick, axis=-1)[..., 0]
+    return value, index
+
+
+# -- max pooling ----------------------------------------------------------------------------------
+
+
+def _max_pool_with_indices(n: int):
+    def rule(node, x):
+        k, s, p, d, out, sizes = _geometry(node, x, n, dilation=True)
+        _check_out(node, x, n, out)
+        _check_out(node, x, n, out, 1)
+        w = _strided_windows(x, n, k, s, d, _padding_for(sizes, k, s, p, d, out), out)
+        per_dim_pos, per_dim_valid = [], []
+        for size, kd, sd, pd, dd, od in zip(sizes, k, s, p, d, out, strict=True):
+            pos = np.arange(od)[:, None] * sd - pd + np.arange(kd)[None, :] * dd
+            per_dim_pos.append(pos)
+            per_dim_valid.append((pos >= 0) & (pos < size))
+        valid = _combine([jnp.asarray(v) for v in per_dim_valid], n, jnp.logical_and)
+        value, index = _select_max(w, valid, _flat_positions(per_dim_pos, sizes, n))
+        return value.astype(out_dtype(node)), index.astype(out_dtype(node, 1))
+
+    return rule
+
+
+register("aten::max_pool2d_with_indices.default")(_max_pool_with_indices(2))
+register("aten::max_pool3d_with_indices.default")(_max_pool_with_indices(3))
+
+
+def _index_backward(n: int):
+    """The backward of a max pool that saved indices: each output's gradient is added at the
+    input position its index names (overlapping windows accumulate), as torch does."""
+
+    def rule(node, grad, x, indices):
+        sizes = _spatial(node, x, n)
+        if tuple(grad.shape) != tuple(indices.shape) or grad.shape[:-n] != x.shape[:-n]:
+            raise ValueError(
+                f"{_op(node)}: grad_output {tuple(grad.shape)} and indices "
+                f"{tuple(indices.shape)} must match and share the input's leading dims "
+                f"{tuple(x.shape[:-n])}"
+            )
+        planes = math.prod(x.shape[:-n])
+        acc = _acc(grad.dtype)
+        flat = jnp.zeros((planes, math.prod(sizes)), acc)
+        g = grad.reshape(planes, -1).astype(acc)
+        idx = indices.reshape(planes, -1).astype(jnp.int64)
+        flat = flat.at[jnp.arange(planes)[:, None], idx].add(g, mode="drop")
+        return flat.reshape(x.shape).astype(out_dtype(node))
+
+    return rule
+
+
+for _n, _ops in (
+    (
+        2,
+        (
+            "aten::max_pool2d_with_indices_backward.default",
+            "aten::adaptive_max_pool2d_backward.default",
+            "aten::fractional_max_pool2d_backward.default",
+        ),
+    ),
+    (
+        3,
+        (
+            "aten::max_pool3d_with_indices_backward.default",
+            "aten::adaptive_max_pool3d_backward.default",
+            "aten::fractional_max_pool3d_backward.default",
+        ),
+    ),
+):
+    for _name in _ops:
+        register(_name)(_index_backward(_n))
+
+
+# -- average pooling ------------------------------------------------------------------------------
+
+
+def _avg_divisor(sizes, k, s, p, out, count_include_pad) -> np.ndarray:
+    """torch's divide factor of each output (before divisor_override): the window's size
+    clipped to the padded input (count_include_pad) or to the input; 0 where a window holds no
+    input element (its output is 0)."""
+    per_dim = []
+    for size, kd, sd, pd, od in zip(sizes, k, s, p, out, strict=True):
+        start = np.arange(od) * sd - pd
+        end = np.minimum(start + kd, size + pd)
+        pool = end - start
+        inside = np.minimum(end, size) - np.maximum(start, 0)
+        inside = np.maximum(inside, 0)
+        per_dim.append((np.where(inside > 0, pool, 0) if count_include_pad else inside))
+    total = per_dim[0]
+    for a in per_dim[1:]:
+        total = np.multiply.outer(total, a)
+    return total
+
+
+def _avg_pool(node, x, n: int, forward: bool = True):
+    k, s, p, _, out, sizes = _geometry(node, x, n, dilation=False)
+    if forward:
+        _check_out(node, x, n, out)
+    divisor_override = node.attrs["divisor_override"]
+    if divisor_override is not None and int(divisor_override) == 0:
+        raise ValueError(f"{_op(node)}: divisor_override must not be zero")
+    acc = _acc(x.dtype)
+    pads = _padding_for(sizes, k, s, p, (1,) * n, out)
+    lead = x.ndim - n
+    summed = lax.reduce_window(
+        x.astype(acc),
+        np.array(0, acc),
+        lax.add,
+        (1,) * lead + tuple(k),
+        (1,) * lead + tuple(s),
+        [(0, 0)] * lead + pads,
+    )
+    summed = summed[(Ellipsis, *(slice(0, o) for o in out))]
+    counts = _avg_divisor(sizes, k, s, p, out, node.attrs["count_include_pad"])
+    if divisor_override is not None:
+        divisor = np.full(out, int(divisor_override))
+    else:
+        divisor = np.where(counts > 0, counts, 1)  # no input element: the sum, 0, stays
+    if jnp.issubdtype(acc, jnp.integer):
+        # torch divides integers in C++: truncation toward zero.
+        result = lax.div(summed, jnp.broadcast_to(jnp.asarray(divisor, acc), summed.shape))
+    else:
+        result = summed / jnp.asarray(divisor, acc)
+    if divisor_override is not None:
+        result = jnp.where(jnp.asarray(counts > 0), result, jnp.zeros((), acc))
+    return result.astype(x.dtype)
+
+
+def _avg_pool_rule(n: int):
+    def rule(node, x):
+        return _avg_pool(node, x, n).astype(out_dtype(node))
+
+    return rule
+
+
+def _avg_pool_backward(n: int):
+    def rule(node, grad, x):
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            raise ValueError(f"{_op(node)}: the input must be floating, got {x.dtype}")
+        if tuple(grad.shape) != (*x.shape[:-n], *_geometry(node, x, n, dilation=False)[4]):
+            raise ValueError(f"{_op(node)}: grad_output {tuple(grad.shape)} does not match the "
+                             f"pooled input {tuple(x.shape)}")
+        _, vjp = jax.vjp(lambda v: _avg_pool(node, v, n, False).astype(grad.dtype), x)
+        return vjp(grad)[0].astype(out_dtype(node))
+
+    return rule
+
+
+register("aten::avg_pool2d.default")(_avg_pool_rule(2))
+register("aten::avg_pool3d.default")(_avg_pool_rule(3))
+register("aten::avg_pool2d_backward.default")(_avg_pool_backward(2))
+register("aten::avg_pool3d_backward.default")(_avg_pool_backward(3))
+
+
+# -- adaptive pooling -----------------------------------------------------------------------------
+
+
+def _adaptive_windows(size: int, out: int):
+    """torch's adaptive windows: start floor(i * size / out), end ceil((i + 1) * size / out)."""
+    i = np.arange(out)
+    start = (i * size) // out
+    end = -((-(i + 1) * size) // out)
+    return start, end
+
+
+def _adaptive_out(node, x, n: int, out_sizes):
+    sizes = _spatial(node, x, n)
+    out = tuple(int(o) for o in out_sizes)
+    if len(out) != n or any(o <= 0 for o in out):
+        raise ValueError(f"{_op(node)}: output_size={out} must be {n} positive sizes")
+    if any(sz <= 0 for sz in sizes):
+        raise ValueError(f"{_op(node)}: input {tuple(x.shape)} has an empty spatial dim")
+    return sizes, out
+
+
+def _adaptive_avg(node, x, n: int, out_sizes):
+    """Window sums as one 0/1 matrix product per spatial dim, divided by the window sizes."""
+    sizes, out = _adaptive_out(node, x, n, out_sizes)
+    acc = _acc(x.dtype)
+    y = x.astype(acc)
+    counts = None
+    for axis, (size, od) in enumerate(zip(sizes, out, strict=True)):
+        start, end = _adaptive_windows(size, od)
+        j = np.arange(size)
+        member = ((j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])).astype(acc)
+        y = jnp.moveaxis(
+            jnp.tensordot(y, jnp.asarray(member), axes=([y.ndim - n + axis], [1]),
+                          precision=lax.Precision.HIGHEST),
+            -1,
+            y.ndim - n + axis,
+        )
+        lengths = end - start
+        counts = lengths if counts is None else np.multiply.outer(counts, lengths)
+    return y / jnp.asarray(counts, acc)
+
+
+def _adaptive_avg_rule(n: int):
+    def rule(node, x):
+        out = _ints(node, "output_size", n)
+        _check_out(node, x, n, out)
+        return _adaptive_avg(node, x, n, out).astype(out_dtype(node))
+
+    return rule
+
+
+def _adaptive_avg_backward(n: int):
+    """The output size is the gradient's: the op has no other attribute."""
+
+    def rule(node, grad, x):
+        out = grad.shape[-n:]
+        _, vjp = jax.vjp(lambda v: _adaptive_avg(node, v, n, out).astype(grad.dtype), x)
+        return vjp(grad)[0].astype(out_dtype(node))
+
+    return rule
+
+
+register("aten::_adaptive_avg_pool2d.default")(_adaptive_avg_rule(2))
+register("aten::_adaptive_avg_pool3d.default")(_adaptive_avg_rule(3))
+register("aten::_adaptive_avg_pool2d_backward.default")(_adaptive_avg_backward(2))
+register("aten::_adaptive_avg_pool3d_backward.default")(_adaptive_avg_backward(3))
+
+
+def _adaptive_max(n: int):
+    def rule(node, x):
+        sizes, out = _adaptive_out(node, x, n, _ints(node, "output_size", n))
+        _check_out(node, x, n, out)
+        _check_out(node, x, n, out, 1)
+        per_dim_pos, per_dim_valid = [], []
+        for size, od in zip(sizes, out, strict=True):
+            start, end = _adaptive_windows(size, od)
+            width = int((end - start).max())
+            pos = start[:, None] + np.arange(width)[None, :]
+            valid = pos < end[:, None]
+            per_dim_pos.append(np.where(valid, pos, start[:, None]))
+            per_dim_valid.append(valid)
+        w = _gather_windows(x, n, per_dim_pos)
+        valid = _combine([jnp.asarray(v) for v in per_dim_valid], n, jnp.logical_and)
+        value, index = _select_max(w, valid, _flat_positions(per_dim_pos, sizes, n))
+        return value.astype(out_dtype(node)), index.astype(out_dtype(node, 1))
+
+    return rule
+
+
+register("aten::adaptive_max_pool2d.default")(_adaptive_max(2))
+register("aten::adaptive_max_pool3d.default")(_adaptive_max(3))
+
+
+# -- fractional max pooling -----------------------------------------------------------------------
+
+
+def _intervals(samples, size: int, out: int, k: int):
+    """torch's generate_intervals for each plane's sample (``samples``: (planes,)), in the
+    samples' dtype: window starts, (planes, out) int64."""
+    dt = samples.dtype
+    planes = samples.shape[0]
+    last = jnp.full((planes, 1), size - k, jnp.int64)
+    if out == 1:
+        return last
+    alpha = (np.array(size - k, np.float64).astype(dt) / np.array(out - 1, np.float64).astype(dt))
+    alpha = jnp.asarray(np.asarray(alpha, dt))
+    i = jnp.arange(out - 1).astype(dt)
+    u = samples[:, None]
+    starts = jnp.trunc((i[None, :] + u) * alpha).astype(jnp.int64) - jnp.trunc(
+        u * alpha
+    ).astype(jnp.int64)
+    return jnp.concatenate([starts, last], axis=1)
+
+
+def _fractional_max(n: int):
+    """Torch's samples are per plane, in dim order W, H for 2-d, and T, H, W for 3-d."""
+    order = (1, 0) if n == 2 else (0, 1, 2)  # which sample each spatial dim uses
+
+    def rule(node, x, samples):
+        sizes = _spatial(node, x, n)
+        k = _ints(node, "kernel_size", n)
+        out = _ints(node, "output_size", n)
+        _check_out(node, x, n, out)
+        _check_out(node, x, n, out, 1)
+        for size, kd, od in zip(sizes, k, out, strict=True):
+            if kd <= 0 or od <= 0 or od + kd - 1 > size:
+                raise ValueError(
+                    f"{_op(node)}: output_size={out} with kernel_size={k} needs an input of "
+                    f"at least output + kernel - 1 per dim, got {sizes}"
+                )
+        planes = math.prod(x.shape[:-n])
+        if samples.ndim != 3 or samples.shape[-1] != n or samples.size != planes * n:
+            raise ValueError(
+                f"{_op(node)}: random_samples {tuple(samples.shape)} must hold {n} samples for "
+                f"each of the input's {planes} planes"
+            )
+        u = samples.reshape(planes, n)
+        per_dim_pos = []
+        for axis, (size, kd, od) in enumerate(zip(sizes, k, out, strict=True)):
+            starts = _intervals(u[:, order[axis]], size, od, kd)
+            per_dim_pos.append(starts[:, :, None] + jnp.arange(kd, dtype=jnp.int64))
+        xp = x.reshape(planes, *sizes)
+        w = jax.vmap(lambda plane, *pos: _gather_windows(plane, n, pos))(xp, *per_dim_pos)
+        positions = _flat_positions(per_dim_pos, sizes, n)
+        valid = jnp.ones((1,) * w.ndim, bool)
+        value, index = _select_max(w, valid, positions)
+        shape = (*x.shape[:-n], *out)
+        return (
+            value.reshape(shape).astype(out_dtype(node)),
+            index.reshape(shape).astype(out_dtype(node, 1)),
+        )
+
+    return rule
+
+
+register("aten::fractional_max_pool2d.default")(_fractional_max(2))
+register("aten::fractional_max_pool3d.default")(_fractional_max(3))
