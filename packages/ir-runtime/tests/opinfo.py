@@ -42,6 +42,11 @@ TOLERANCES = {
 }
 
 
+# Ops that address their input's storage: a lazy tensor, like a tensor moved to any other
+# device, is its own contiguous storage, so eager runs on contiguous copies of the inputs.
+STORAGE_OPS = frozenset(("as_strided", "as_strided_copy", "as_strided_scatter"))
+
+
 def population():
     """The ops checked: torch's op_db less jiterator and sparse entries, those taking float32."""
     return [
@@ -159,6 +164,13 @@ def _grad_inputs(args, kwargs):
     ]
 
 
+def _contiguous(sample):
+    copy = lambda t: t.detach().clone(memory_format=torch.contiguous_format).requires_grad_(
+        t.requires_grad
+    )
+    return sample.transform(lambda t: copy(t) if isinstance(t, torch.Tensor) else t)
+
+
 def _values(op, sample, rtol, atol):
     """(problem or None, lazy result, its lazy arguments, eager result, random?)."""
     random = _random(op, sample)
@@ -220,6 +232,8 @@ def check(op, n_samples: int = 3) -> Outcome:
     except Exception as e:  # the oracle cannot make samples: not ours to judge
         return Outcome("raise", "raise" if with_grad else None, f"samples: {e!r}"[:300])
     for sample in samples:
+        if op.name in STORAGE_OPS:
+            sample = _contiguous(sample)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:

@@ -197,12 +197,25 @@ def _add_view(base: LazyTensor, view: LazyTensor) -> None:
 
 
 def _functional(func):
-    """The out-of-place overload of an in-place op (``add_.Tensor`` -> ``add.Tensor``)."""
+    """The out-of-place overload of an in-place op (``add_.Tensor`` -> ``add.Tensor``): the
+    overload of the op without ``_`` that takes the same arguments, by name and type (overload
+    names do not always match: ``pow_.Scalar`` is ``pow.Tensor_Scalar``)."""
     name = func._schema.name.split("::")[1]
     packet = getattr(aten, name.rstrip("_"), None) if name.endswith("_") else None
     if packet is None:
         return None
-    return getattr(packet, func._overloadname, None)
+    candidates = [getattr(packet, o) for o in packet.overloads()]
+    candidates = [c for c in candidates if not c._schema.is_mutable]
+    for named in (True, False):  # the same names and types; else (dropout_'s self is
+        wanted = _signature_of(func, named)  # dropout's input) the only one of the same types
+        found = [c for c in candidates if _signature_of(c, named) == wanted]
+        if len(found) == 1 or (found and named):
+            return found[0]
+    return None
+
+
+def _signature_of(func, named: bool):
+    return tuple((a.name if named else "", str(a.type)) for a in func._schema.arguments)
 
 
 def rebind(t: LazyTensor, value: Value) -> None:
@@ -245,6 +258,10 @@ def write_through(t: LazyTensor) -> None:
             value = record(aten.select_scatter.default, (base, new, *rest), kwargs)
         elif name == "aten::slice":
             value = record(aten.slice_scatter.default, (base, new, *rest), kwargs)
+        elif name == "aten::as_strided":
+            value = record(aten.as_strided_scatter.default, (base, new, *rest), kwargs)
+        elif name == "aten::diagonal":
+            value = record(aten.diagonal_scatter.default, (base, new, *rest), kwargs)
         else:
             raise UnsupportedOpError(
                 f"writing in place through a view made by {func} is not supported on the lazy "
@@ -372,7 +389,17 @@ def _inplace(func, args, kwargs):
 # In-place ops that change the tensor's shape rather than its values.
 _RESHAPE_IN_PLACE = frozenset(
     f"aten::{name}_"
-    for name in ("squeeze", "unsqueeze", "transpose", "t", "swapdims", "swapaxes", "as_strided")
+    for name in (
+        "squeeze",
+        "unsqueeze",
+        "transpose",
+        "t",
+        "swapdims",
+        "swapaxes",
+        "as_strided",
+        "resize",
+        "resize_as",
+    )
 )
 
 

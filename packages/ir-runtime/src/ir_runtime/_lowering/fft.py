@@ -59,14 +59,17 @@ def _resolve(node, z):
 def _complex(node, re, im):
     dt = out_dtype(node)
     part = np.float32 if dt == np.complex64 else np.float64
-    return lax.complex(_cast(re, part), _cast(im, part))
+    dims = out_dims(node)
+    re, im = jnp.broadcast_to(_cast(re, part), dims), jnp.broadcast_to(_cast(im, part), dims)
+    return lax.complex(re, im)
 
 
 @register("aten::polar.default")
 def _polar(node, r, theta):
     dt = out_dtype(node)
     part = np.float32 if dt == np.complex64 else np.float64
-    r, theta = _cast(r, part), _cast(theta, part)
+    dims = out_dims(node)
+    r, theta = jnp.broadcast_to(_cast(r, part), dims), jnp.broadcast_to(_cast(theta, part), dims)
     return lax.complex(r * jnp.cos(theta), r * jnp.sin(theta))
 
 
@@ -95,7 +98,9 @@ def _normalize(y, n: int, normalization: int):
         return y * jnp.asarray(1.0 / math.sqrt(n), jnp.real(y).dtype)
     if normalization == 2:
         return y * jnp.asarray(1.0 / n, jnp.real(y).dtype)
-    raise ValueError(f"FFT normalization must be 0, 1 or 2 (torch's fft_norm_mode), got {normalization}")
+    raise ValueError(
+        f"FFT normalization must be 0, 1 or 2 (torch's fft_norm_mode), got {normalization}"
+    )
 
 
 def _signal_size(shape, dims) -> int:
@@ -141,3 +146,9 @@ def _fft_c2r(node, z):
     # The unnormalized inverse (irfft's 1/n undone); the last dim is the Hermitian one.
     y = jnp.fft.irfftn(z, s=sizes, axes=dims, norm="forward")
     return _cast(_normalize(y, _signal_size(shape, dims), node.attrs["normalization"]), dt)
+
+
+# -- framing (stft) ------------------------------------------------------------------------
+
+
+# torch.stft frames its signal with as_strided: its rule is in shape.py (the lead's).

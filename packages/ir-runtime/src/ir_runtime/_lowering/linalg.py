@@ -3,9 +3,8 @@ decompositions, through jax.numpy.linalg and jax.scipy.linalg.
 
 Each rule gives exactly what torch's CPU kernel gives, its auxiliary outputs included: LU and
 pivots (LAPACK's, 1-based, int32), info codes, and where torch factors ``A.mT`` instead of ``A``
-(``_linalg_det``, ``_linalg_slogdet``, ``_linalg_solve_ex`` and ``linalg_inv_ex`` factor the
-transpose of a contiguous real matrix, and their backward formulas solve with the adjoint to
-match; a lazy tensor is always contiguous). Whatever cannot be computed as torch does (LU
+(``_linalg_det`` and ``_linalg_slogdet`` factor the transpose of a contiguous real matrix, and
+their backward formulas solve with the adjoint to match; a lazy tensor is always contiguous). Whatever cannot be computed as torch does (LU
 without pivoting, a non-default SVD driver, raising on a failed factorization) is refused with
 a message naming the op and the argument.
 """
@@ -353,12 +352,12 @@ def _linalg_lu_solve(node, lu, pivots, b):
 
 
 def _solve_ex(a, b, left: bool):
-    """torch's _linalg_solve_ex: (X, LU, pivots, info), LU that of ``A.mT`` for real ``A``."""
-    use_t = _uses_transpose(a)
-    lu, pivots, info = _lu_factor(_mT(a) if use_t else a)
+    """torch's _linalg_solve_ex: (X, LU, pivots, info), LU that of ``A`` itself (its backward
+    solves the adjoint system with it)."""
+    lu, pivots, info = _lu_factor(a)
     vector = _is_vector_rhs(lu.shape, b.shape)
     b_ = b[..., None] if vector else b
-    x = _lu_solve(lu, pivots, b_, left=left, adjoint=use_t)
+    x = _lu_solve(lu, pivots, b_, left=left, adjoint=False)
     if vector:
         x = x[..., 0]
     return x, lu, pivots, info

@@ -139,6 +139,96 @@ def _tri(node, x):
     return fn(x, node.attrs.get("diagonal", 0))
 
 
+# -- strided views and diagonals ---------------------------------------------------------------
+
+
+def _strided_positions(node, x):
+    """Which of ``x``'s elements (row-major: a lazy tensor is contiguous, as its strides say)
+    each element of ``as_strided(x, size, stride, storage_offset)`` reads."""
+    a = node.attrs
+    size, stride = tuple(a["size"]), tuple(a["stride"])
+    offset = a["storage_offset"] or 0
+    positions = np.full(size, offset, np.int64)
+    for k, (n, st) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[k] = n
+        positions = positions + (np.arange(n, dtype=np.int64) * st).reshape(shape)
+    if positions.size and (positions.min() < 0 or positions.max() >= x.size):
+        raise ValueError(
+            f"as_strided size {list(size)}, stride {list(stride)}, offset {offset} reads "
+            f"outside the {x.size} elements of its input"
+        )
+    return positions
+
+
+@register("aten::as_strided.default", "aten::as_strided_copy.default")
+def _as_strided(node, x):
+    return x.reshape(-1)[_strided_positions(node, x)]
+
+
+@register("aten::as_strided_scatter.default")
+def _as_strided_scatter(node, x, src):
+    flat = x.reshape(-1).at[_strided_positions(node, x).reshape(-1)]
+    return flat.set(src.reshape(-1).astype(x.dtype)).reshape(x.shape)
+
+
+@register("aten::diagonal.default", "aten::diagonal_copy.default")
+def _diagonal(node, x):
+    a = node.attrs
+    return jnp.diagonal(x, a["offset"], norm_dim(a["dim1"], x.ndim), norm_dim(a["dim2"], x.ndim))
+
+
+def _diagonal_positions(shape, offset, dim1, dim2):
+    """Index arrays addressing the ``offset`` diagonal of ``dim1``/``dim2`` of a ``shape``
+    tensor, shaped as ``jnp.diagonal`` returns it (the diagonal last)."""
+    n1, n2 = shape[dim1], shape[dim2]
+    length = max(0, min(n1 + min(offset, 0), n2 - max(offset, 0)))
+    k = np.arange(length)
+    rows, cols = k - min(offset, 0), k + max(offset, 0)
+    rest = [d for d in range(len(shape)) if d not in (dim1, dim2)]
+    out_rank = len(rest) + 1
+    index = [None] * len(shape)
+    for j, d in enumerate(rest):
+        view = [1] * out_rank
+        view[j] = shape[d]
+        index[d] = np.arange(shape[d]).reshape(view)
+    index[dim1] = rows.reshape((1,) * len(rest) + (length,))
+    index[dim2] = cols.reshape((1,) * len(rest) + (length,))
+    return tuple(index)
+
+
+def _scatter_diagonal(base, src, a):
+    dim1, dim2 = norm_dim(a["dim1"], base.ndim), norm_dim(a["dim2"], base.ndim)
+    where = _diagonal_positions(base.shape, a["offset"], dim1, dim2)
+    return base.at[where].set(src.astype(base.dtype))
+
+
+@register("aten::diagonal_scatter.default")
+def _diagonal_scatter(node, x, src):
+    return _scatter_diagonal(x, src, node.attrs)
+
+
+@register("aten::diagonal_backward.default")
+def _diagonal_backward(node, grad):
+    return _scatter_diagonal(jnp.zeros(out_dims(node), grad.dtype), grad, node.attrs)
+
+
+@register("aten::diag_embed.default")
+def _diag_embed(node, x):
+    return _scatter_diagonal(jnp.zeros(out_dims(node), out_dtype(node)), x, node.attrs)
+
+
+@register("aten::resize.default", "aten::resize_as.default")
+def _resize(node, x, *like):
+    """A tensor of the new size holding ``x``'s elements in order; elements past them are
+    uninitialized in torch, zeros here."""
+    n = int(np.prod(out_dims(node)))
+    flat = x.reshape(-1)[:n]
+    if flat.size < n:
+        flat = jnp.concatenate([flat, jnp.zeros((n - flat.size,), x.dtype)])
+    return flat.reshape(out_dims(node))
+
+
 # -- tensors from attributes -----------------------------------------------------------------
 
 

@@ -1,4 +1,376 @@
 """Sorting and selection: sort, topk, kthvalue, median, mode, cumulative max/min,
-searchsorted, bucketize, histograms."""
+searchsorted, bucketize, histograms.
+
+Index outputs are torch CPU's, exactly. Where ties make the index (or the sign of a zero)
+depend on the algorithm torch CPU runs (``std::sort`` for ``sort(stable=False)`` and ``mode``,
+``std::nth_element``/``std::partial_sort`` for ``topk``, its own quickselect for ``kthvalue``,
+``std::nth_element`` for ``median``/``nanmedian`` without a dim), the rule checks for such
+ties at run time and, only when there are some, replays that algorithm step by step
+(``_Machine``: libstdc++'s introsort, introselect and heap routines, on every row at once).
+Without ties the result is unique and comes from one stable ``lax.sort``.
+"""
 
 from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
+
+_I32 = jnp.int32
+
+
+# --------------------------------------------------------------------------------------------
+# Keys: integers in torch's order (NaN above everything, every NaN equal, -0.0 == 0.0)
+
+
+def _is_float(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _check_real(op: str, x) -> None:
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise ValueError(f"{op}: complex input ({x.dtype}) is not supported (torch refuses it too)")
+
+
+def _key(x, nan_low: bool = False):
+    """An integer array ordered as torch orders ``x``: NaN the largest (the smallest with
+    ``nan_low``), all NaNs equal, -0.0 equal to 0.0. Integers are their own key."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.int8)
+    if not _is_float(x):
+        return x
+    it = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[x.dtype.itemsize]
+    big = jnp.iinfo(it).max
+    b = lax.bitcast_convert_type(x, it)
+    k = jnp.where(b < 0, b ^ jnp.asarray(big, it), b)
+    k = jnp.where(x == 0, jnp.zeros_like(k), k)
+    return jnp.where(jnp.isnan(x), jnp.asarray(jnp.iinfo(it).min if nan_low else big, it), k)
+
+
+def _negative_zero(x):
+    """Whether ``x`` holds a -0.0 anywhere (a tie whose order shows in the values)."""
+    if not _is_float(x):
+        return jnp.asarray(False)
+    return jnp.any((x == 0) & jnp.signbit(x))
+
+
+def _to_rows(x, axis: int):
+    """``x`` with ``axis`` last, as (rows, n), and the shape to go back."""
+    moved = jnp.moveaxis(x, axis, -1)
+    return moved.reshape(-1, moved.shape[-1]), moved.shape
+
+
+def _from_rows(r, shape, axis: int):
+    return jnp.moveaxis(r.reshape(shape[:-1] + r.shape[-1:]), -1, axis)
+
+
+def _stable(s, *rest, axis=-1):
+    """Stable ascending sort of ``s`` along ``axis``, carrying ``rest`` along."""
+    iota = lax.broadcasted_iota(_I32, s.shape, axis if axis >= 0 else s.ndim + axis)
+    out = lax.sort((s, iota, *rest), dimension=axis if axis >= 0 else s.ndim + axis, num_keys=1,
+                   is_stable=True)
+    return out
+
+
+def _lg(n: int) -> int:
+    return n.bit_length() - 1
+
+
+# --------------------------------------------------------------------------------------------
+# The machine: libstdc++'s (and torch's) selection algorithms, on every row at once.
+#
+# State: K (rows, n) keys compared by ``comp``, P (rows, n) the int32 positions they came
+# from; every scalar of the C++ code is a (rows,) vector. Each loop runs while any row needs
+# it; ``run`` says which rows do, and every write and update is masked by it, so a row's
+# values are those of the C++ code run on that row alone.
+
+
+def _get(a, i):
+    return jnp.take_along_axis(a, jnp.clip(i, 0, a.shape[1] - 1)[:, None], axis=1)[:, 0]
+
+
+def _put(a, i, v, on):
+    rows = jnp.arange(a.shape[0])
+    return a.at[rows, jnp.where(on, i, a.shape[1])].set(v.astype(a.dtype), mode="drop")
+
+
+def _cdiv2(a):
+    """C++'s ``a / 2`` on integers (towards zero)."""
+    return lax.div(a, jnp.asarray(2, a.dtype))
+
+
+def _loop(cond, body, init):
+    """while any row's ``cond``: ``body(state, run)`` with ``run`` the rows that loop."""
+    return lax.while_loop(lambda s: jnp.any(cond(s)), lambda s: body(s, cond(s)), init)
+
+
+class _Machine:
+    def __init__(self, comp):
+        self.comp = comp
+
+    # -- elementary moves
+
+    def swap(self, K, P, i, j, on):
+        ki, kj, pi, pj = _get(K, i), _get(K, j), _get(P, i), _get(P, j)
+        K = _put(_put(K, i, kj, on), j, ki, on)
+        P = _put(_put(P, i, pj, on), j, pi, on)
+        return K, P
+
+    def move(self, K, P, dst, src, on):
+        return _put(K, dst, _get(K, src), on), _put(P, dst, _get(P, src), on)
+
+    # -- partitioning (std::__unguarded_partition_pivot)
+
+    def median_to_first(self, K, P, result, a, b, c, on):
+        c_ = self.comp
+        ka, kb, kc = _get(K, a), _get(K, b), _get(K, c)
+        ab, bc, ac = c_(ka, kb), c_(kb, kc), c_(ka, kc)
+        pick = jnp.where(ab, jnp.where(bc, b, jnp.where(ac, c, a)),
+                         jnp.where(ac, a, jnp.where(bc, c, b)))
+        return self.swap(K, P, result, pick, on)
+
+    def unguarded_partition(self, K, P, first, last, pivot, on):
+        comp, n = self.comp, K.shape[1]
+        pv = _get(K, pivot)
+
+        def body(s, run):
+            K, P, f, l, go = s
+            f = _loop(lambda f: run & (f < n - 1) & comp(_get(K, f), pv),
+                      lambda f, r: jnp.where(r, f + 1, f), f)
+            l = jnp.where(run, l - 1, l)
+            l = _loop(lambda l: run & (l > 0) & comp(pv, _get(K, l)),
+                      lambda l, r: jnp.where(r, l - 1, l), l)
+            cross = ~(f < l)
+            sw = run & ~cross
+            K, P = self.swap(K, P, f, l, sw)
+            return K, P, jnp.where(sw, f + 1, f), l, go & ~(run & cross)
+
+        K, P, f, _, _ = _loop(lambda s: s[4], body, (K, P, first, last, on))
+        return K, P, f
+
+    def partition_pivot(self, K, P, first, last, on):
+        mid = first + (last - first) // 2
+        K, P = self.median_to_first(K, P, first, first + 1, mid, last - 1, on)
+        return self.unguarded_partition(K, P, first + 1, last, first, on)
+
+    # -- heaps (std::__adjust_heap and friends)
+
+    def push_heap(self, K, P, first, hole, top, kv, pv, on):
+        comp = self.comp
+
+        def cond(s):
+            parent = (s[2] - 1) // 2
+            return on & (s[2] > top) & comp(_get(s[0], first + parent), kv)
+
+        def body(s, run):
+            K, P, hole = s
+            parent = (hole - 1) // 2
+            K, P = self.move(K, P, first + hole, first + parent, run)
+            return K, P, jnp.where(run, parent, hole)
+
+        K, P, hole = _loop(cond, body, (K, P, hole))
+        return _put(K, first + hole, kv, on), _put(P, first + hole, pv, on)
+
+    def adjust_heap(self, K, P, first, hole, ln, kv, pv, on):
+        comp = self.comp
+        top = hole
+
+        def body(s, run):
+            K, P, hole, second = s
+            sc = 2 * (second + 1)
+            sc = jnp.where(comp(_get(K, first + sc), _get(K, first + sc - 1)), sc - 1, sc)
+            K, P = self.move(K, P, first + hole, first + sc, run)
+            return K, P, jnp.where(run, sc, hole), jnp.where(run, sc, second)
+
+        K, P, hole, second = _loop(lambda s: on & (s[3] < _cdiv2(ln - 1)), body,
+                                   (K, P, hole, hole))
+        tail = on & ((ln & 1) == 0) & (second == _cdiv2(ln - 2))
+        sc = 2 * (second + 1)
+        K, P = self.move(K, P, first + hole, first + sc - 1, tail)
+        hole = jnp.where(tail, sc - 1, hole)
+        return self.push_heap(K, P, first, hole, top, kv, pv, on)
+
+    def make_heap(self, K, P, first, last, on):
+        ln = last - first
+        on = on & (ln >= 2)
+
+        def body(s, run):
+            K, P, parent = s
+            kv, pv = _get(K, first + parent), _get(P, first + parent)
+            K, P = self.adjust_heap(K, P, first, parent, ln, kv, pv, run)
+            return K, P, jnp.where(run, parent - 1, parent)
+
+        K, P, _ = _loop(lambda s: on & (s[2] >= 0), body, (K, P, _cdiv2(ln - 2)))
+        return K, P
+
+    def pop_heap(self, K, P, first, last, result, on):
+        kv, pv = _get(K, result), _get(P, result)
+        K, P = self.move(K, P, result, first, on)
+        return self.adjust_heap(K, P, first, jnp.zeros_like(first), last - first, kv, pv, on)
+
+    def heap_select(self, K, P, first, middle, last, on):
+        K, P = self.make_heap(K, P, first, middle, on)
+
+        def body(s, run):
+            K, P, i = s
+            hit = run & self.comp(_get(K, i), _get(K, first))
+            K, P = self.pop_heap(K, P, first, middle, i, hit)
+            return K, P, jnp.where(run, i + 1, i)
+
+        K, P, _ = _loop(lambda s: on & (s[2] < last), body, (K, P, middle))
+        return K, P
+
+    def sort_heap(self, K, P, first, last, on):
+        def body(s, run):
+            K, P, last = s
+            last = jnp.where(run, last - 1, last)
+            K, P = self.pop_heap(K, P, first, last, last, run)
+            return K, P, last
+
+        K, P, _ = _loop(lambda s: on & (s[2] - first > 1), body, (K, P, last))
+        return K, P
+
+    # -- insertion sort (std::__insertion_sort; ``final``: std::__final_insertion_sort)
+
+    def insertion_sort(self, K, P, first, last, on, final=False):
+        comp = self.comp
+
+        def body(s, run):
+            K, P, i = s
+            v, pv = _get(K, i), _get(P, i)
+            guarded = (i < first + 16) if final else jnp.ones_like(run)
+            rot = guarded & comp(v, _get(K, first))
+
+            def shift(t, r):
+                K, P, j = t
+                K, P = self.move(K, P, j, j - 1, r)
+                return K, P, jnp.where(r, j - 1, j)
+
+            K, P, j = _loop(lambda t: run & (t[2] > first) & (rot | comp(v, _get(t[0], t[2] - 1))),
+                            shift, (K, P, i))
+            return _put(K, j, v, run), _put(P, j, pv, run), jnp.where(run, i + 1, i)
+
+        K, P, _ = _loop(lambda s: on & (s[2] < last), body, (K, P, first + 1))
+        return K, P
+
+    # -- the algorithms
+
+    def sort(self, K, P, m: int):
+        """``std::sort(first, first + m)``."""
+        rows = K.shape[0]
+        zero = jnp.zeros((rows,), _I32)
+        if m <= 1:
+            return K, P
+        if m > 16:
+            depth = 2 * _lg(m)
+            size = depth + 3
+            stack = jnp.zeros((rows, size, 3), _I32).at[:, 0].set(jnp.asarray([0, m, depth], _I32))
+            r = jnp.arange(rows)
+
+            def body(s, run):
+                K, P, stack, sp = s
+                sp = jnp.where(run, sp - 1, sp)
+                top = stack[r, jnp.clip(sp, 0, size - 1)]
+                f, l, d = top[:, 0], top[:, 1], top[:, 2]
+                big = run & (l - f > 16)
+                heap, part = big & (d == 0), big & (d > 0)
+                K, P = self.heap_select(K, P, f, l, l, heap)
+                K, P = self.sort_heap(K, P, f, l, heap)
+                K, P, cut = self.partition_pivot(K, P, f, l, part)
+                for lo, hi in ((cut, l), (f, cut)):
+                    entry = jnp.stack([lo, hi, d - 1], axis=1)
+                    at = jnp.where(part, sp, size)
+                    stack = stack.at[r, at].set(entry, mode="drop")
+                    sp = sp + part.astype(_I32)
+                return K, P, stack, sp
+
+            K, P, _, _ = _loop(lambda s: s[3] > 0, body, (K, P, stack, zero + 1))
+        return self.insertion_sort(K, P, zero, zero + m, jnp.ones((rows,), bool), final=True)
+
+    def nth_element(self, K, P, nth):
+        """``std::nth_element(first, first + nth, last)``."""
+        rows, n = K.shape
+        if n == 0:
+            return K, P
+        zero = jnp.zeros((rows,), _I32)
+
+        def body(s, run):
+            K, P, f, l, depth, done = s
+            h = run & (depth == 0)
+            K, P = self.heap_select(K, P, f, nth + 1, l, h)
+            K, P = self.swap(K, P, f, nth, h)
+            p = run & ~h
+            K, P, cut = self.partition_pivot(K, P, f, l, p)
+            f = jnp.where(p & (cut <= nth), cut, f)
+            l = jnp.where(p & (cut > nth), cut, l)
+            return K, P, f, l, jnp.where(p, depth - 1, depth), done | h
+
+        init = (K, P, zero, zero + n, zero + 2 * _lg(n), jnp.zeros((rows,), bool))
+        K, P, f, l, _, done = _loop(lambda s: ~s[5] & (s[3] - s[2] > 3), body, init)
+        return self.insertion_sort(K, P, f, l, ~done)
+
+    def partial_sort(self, K, P, k: int):
+        """``std::partial_sort(first, first + k, last)``."""
+        rows, n = K.shape
+        zero = jnp.zeros((rows,), _I32)
+        on = jnp.ones((rows,), bool)
+        K, P = self.heap_select(K, P, zero, zero + k, zero + n, on)
+        return self.sort_heap(K, P, zero, zero + k, on)
+
+    def quick_select(self, K, P, k):
+        """torch's ``quick_select_template`` (kthvalue): ``comp`` is its ``gt_or_nan``."""
+        gt, n = self.comp, K.shape[1]
+        rows = K.shape[0]
+        zero = jnp.zeros((rows,), _I32)
+
+        def body(s, run):
+            K, P, L, R, done = s
+            one, two = R <= L, R == L + 1
+            K, P = self.swap(K, P, L, R, run & ~one & two & gt(_get(K, L), _get(K, R)))
+            gen = run & ~one & ~two
+            mid = (L + R) >> 1
+            K, P = self.swap(K, P, mid, L + 1, gen)
+            K, P = self.swap(K, P, L + 1, R, gen & gt(_get(K, L + 1), _get(K, R)))
+            K, P = self.swap(K, P, L, R, gen & gt(_get(K, L), _get(K, R)))
+            K, P = self.swap(K, P, L + 1, L, gen & gt(_get(K, L + 1), _get(K, L)))
+            piv = _get(K, L)
+
+            def part(t, r):
+                K, P, i, j, go = t
+                i = jnp.where(r, i + 1, i)
+                i = _loop(lambda i: r & (i < n - 1) & gt(piv, _get(K, i)),
+                          lambda i, q: jnp.where(q, i + 1, i), i)
+                j = jnp.where(r, j - 1, j)
+                j = _loop(lambda j: r & (j > 0) & gt(_get(K, j), piv),
+                          lambda j, q: jnp.where(q, j - 1, j), j)
+                brk = j < i
+                K, P = self.swap(K, P, i, j, r & ~brk)
+                return K, P, i, j, go & ~(r & brk)
+
+            K, P, i, j, _ = _loop(lambda t: t[4], part, (K, P, L + 1, R, gen))
+            K, P = self.swap(K, P, L, j, gen)
+            L = jnp.where(gen & (j <= k), i, L)
+            R = jnp.where(gen & (j >= k), j - 1, R)
+            return K, P, L, R, done | (run & (one | two))
+
+        init = (K, P, zero, zero + n - 1, jnp.zeros((rows,), bool))
+        K, P, _, _, _ = _loop(lambda s: ~s[4], body, init)
+        return K, P
+
+
+def _lt(a, b):
+    return a < b
+
+
+def _gt(a, b):
+    return a > b
+
+
+def _iota_rows(rows: int, n: int):
+    return jnp.broadcast_to(jnp.arange(n, dtype=_I32), (rows, n))
