@@ -131,16 +131,31 @@ def test_max_pool_nan_inf():
 def test_max_pool_float_dtypes(dtype):
     tol = dict(rtol=1e-2, atol=1e-2) if dtype != torch.float64 else {}
     x = rnd(2, 3, 7, 6, dtype=dtype)
-    compare(F.max_pool2d, x, kernel_size=3, stride=2, padding=1, ceil_mode=True,
-            return_indices=True, **tol)
+    compare(
+        F.max_pool2d,
+        x,
+        kernel_size=3,
+        stride=2,
+        padding=1,
+        ceil_mode=True,
+        return_indices=True,
+        **tol,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
 def test_max_pool_integers(dtype):
     low = 0 if dtype == torch.uint8 else -100
     x = torch.randint(low, 100, (2, 3, 7, 6), generator=torch.Generator().manual_seed(0))
-    compare(F.max_pool2d, x.to(dtype), kernel_size=3, stride=2, padding=1, ceil_mode=True,
-            return_indices=True)
+    compare(
+        F.max_pool2d,
+        x.to(dtype),
+        kernel_size=3,
+        stride=2,
+        padding=1,
+        ceil_mode=True,
+        return_indices=True,
+    )
     compare(F.max_pool3d, x.to(dtype)[None], kernel_size=(1, 2, 2), return_indices=True)
 
 
@@ -148,12 +163,30 @@ def test_max_pool_backward_op_directly():
     """The backward op recorded on its own: overlapping windows add their gradients."""
     x = rnd(2, 3, 6, 7)
     out, idx = aten.max_pool2d_with_indices(x, [3, 3], [1, 2], [1, 1], [1, 1], True)
-    check("max_pool2d_with_indices_backward", rnd(*out.shape, seed=3), x, [3, 3], [1, 2],
-          [1, 1], [1, 1], True, idx)
+    check(
+        "max_pool2d_with_indices_backward",
+        rnd(*out.shape, seed=3),
+        x,
+        [3, 3],
+        [1, 2],
+        [1, 1],
+        [1, 1],
+        True,
+        idx,
+    )
     x3 = rnd(3, 4, 5, 6)  # no batch dim
     out, idx = aten.max_pool3d_with_indices(x3, [2, 2, 2], [1, 1, 1], [1, 0, 1], [1, 1, 1], True)
-    check("max_pool3d_with_indices_backward", rnd(*out.shape, seed=4), x3, [2, 2, 2],
-          [1, 1, 1], [1, 0, 1], [1, 1, 1], True, idx)
+    check(
+        "max_pool3d_with_indices_backward",
+        rnd(*out.shape, seed=4),
+        x3,
+        [2, 2, 2],
+        [1, 1, 1],
+        [1, 0, 1],
+        [1, 1, 1],
+        True,
+        idx,
+    )
 
 
 def test_max_unpool_round_trip():
@@ -208,8 +241,9 @@ def _avg_cases():
 @pytest.mark.parametrize("fn, batch, case, count_include_pad", list(_avg_cases()))
 def test_avg_pool(fn, batch, case, count_include_pad):
     spatial, k, s, p, ceil_mode = case
-    kw = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil_mode,
-              count_include_pad=count_include_pad)
+    kw = dict(
+        kernel_size=k, stride=s, padding=p, ceil_mode=ceil_mode, count_include_pad=count_include_pad
+    )
     compare(fn, rnd(*batch, *spatial), **kw)
     if fn is not F.avg_pool1d:  # avg_pool1d has no divisor_override
         for divisor in (3, -2):
@@ -234,8 +268,15 @@ def test_avg_pool_int64_truncates():
         dict(divisor_override=4),
     ):
         compare(F.avg_pool2d, x, kernel_size=3, stride=2, padding=1, ceil_mode=True, **kw)
-    compare(F.avg_pool3d, x[None], kernel_size=(1, 2, 3), stride=(1, 2, 2), padding=(0, 1, 1),
-            ceil_mode=True, count_include_pad=False)
+    compare(
+        F.avg_pool3d,
+        x[None],
+        kernel_size=(1, 2, 3),
+        stride=(1, 2, 2),
+        padding=(0, 1, 1),
+        ceil_mode=True,
+        count_include_pad=False,
+    )
 
 
 # -- adaptive pooling ---------------------------------------------------------------------------
@@ -309,7 +350,7 @@ def _samples(planes_lead, n, seed):
 def test_fractional_max_pool(n, spatial, k, out, batch):
     fn = F.fractional_max_pool2d if n == 2 else F.fractional_max_pool3d
     samples = _samples((batch[0] if len(batch) == 2 else 1, batch[-1]), n, seed=len(spatial))
-    for seed, x in enumerate((rnd(*batch, *spatial), ties(*batch, *spatial))):
+    for x in (rnd(*batch, *spatial), ties(*batch, *spatial)):
         kw = dict(kernel_size=k, output_size=out, return_indices=True, _random_samples=samples)
         if n == 3:
             # torch has no meta kernel for fractional_max_pool3d_backward: the front end cannot
@@ -325,8 +366,23 @@ def test_fractional_dtypes(dtype):
     tol = dict(rtol=1e-7, atol=1e-7) if dtype == torch.float64 else dict(rtol=1e-2, atol=1e-2)
     x = rnd(2, 3, 23, 17, dtype=dtype)
     samples = _samples((2, 3), 2, seed=5).to(dtype)
-    compare(F.fractional_max_pool2d, x, kernel_size=3, output_size=(9, 7), return_indices=True,
-            _random_samples=samples, **tol)
+    compare(
+        F.fractional_max_pool2d,
+        x,
+        kernel_size=3,
+        output_size=(7, 6),
+        return_indices=True,
+        _random_samples=samples,
+        **tol,
+    )
+
+
+def test_fractional_samples_with_extra_rows():
+    """torch takes the first rows of random_samples when it has more than the batch."""
+    samples = _samples((4, 3), 2, seed=3)
+    kw = dict(kernel_size=2, output_size=(4, 5), return_indices=True, _random_samples=samples)
+    compare(F.fractional_max_pool2d, rnd(2, 3, 7, 8), **kw)
+    compare(F.fractional_max_pool2d, rnd(3, 7, 8), **kw)
 
 
 def test_fractional_max_pool3d_backward_rule():
@@ -344,11 +400,16 @@ def test_fractional_max_pool3d_backward_rule():
 )
 def test_fractional_max_pool3d_gradient():
     samples = _samples((2, 3), 3, seed=1)
-    compare(F.fractional_max_pool3d, rnd(2, 3, 6, 5, 8), kernel_size=2, output_size=(4, 2, 5),
-            _random_samples=samples)
+    compare(
+        F.fractional_max_pool3d,
+        rnd(2, 3, 6, 5, 8),
+        kernel_size=2,
+        output_size=(4, 2, 5),
+        _random_samples=samples,
+    )
 
 
-# -- lp pooling (avg pooling of powers) -------------------------------------------------------------
+# -- lp pooling (avg pooling of powers) ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 3.0])
@@ -365,8 +426,16 @@ def test_fractional_max_pool3d_gradient():
 )
 def test_lp_pool(fn, spatial, k, s, ceil_mode, norm_type):
     x = rnd(2, 3, *spatial).abs() + 0.5  # positive: pow(1/p) is differentiable everywhere
-    compare(fn, x, norm_type=norm_type, kernel_size=k, stride=s, ceil_mode=ceil_mode,
-            rtol=1e-4, atol=1e-5)
+    compare(
+        fn,
+        x,
+        norm_type=norm_type,
+        kernel_size=k,
+        stride=s,
+        ceil_mode=ceil_mode,
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_rules_read_every_attribute():

@@ -130,3 +130,33 @@ for _func in (
     aten.unique_dim_consecutive.default,
 ):
     _host_op(_func)
+
+
+# -- ops that return Python values: computed on the device, then read ---------------------------
+
+
+def _read_bool(t) -> bool:
+    from ir_runtime._frontend._step import to_torch
+
+    return bool(to_torch(record(aten.all.default, (t,), {})))
+
+
+@special(aten.equal.default)
+def _equal(func, args, kwargs):
+    x, y = args[0], args[1]
+    if x.shape != y.shape:
+        return False
+    return _read_bool(record(aten.eq.Tensor, (x, y), {}))
+
+
+@special(aten.allclose.default)
+def _allclose(func, args, kwargs):
+    from ir_runtime._frontend._rng import bound
+
+    b = bound(func, args, kwargs)
+    close = record(
+        aten.isclose.default,
+        (b["self"], b["other"], b["rtol"], b["atol"], b["equal_nan"]),
+        {},
+    )
+    return _read_bool(close)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ir_core import Generic, Value
@@ -42,8 +44,33 @@ def _factory(func):
     return kernel
 
 
+def _efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    return _zeros(size, dtype)
+
+
+def _randperm(n, dtype=torch.int64, layout=None, device=None, pin_memory=None):
+    from ir_runtime._frontend._rng import _random
+
+    shape = Shape(ir_dtype(dtype if dtype is not None else torch.int64), (int(n),))
+    return _random("ir::random_permutation", shape)
+
+
 _lib.impl("empty.memory_format", _empty)
-for _name in ("arange", "arange.start", "arange.start_step", "scalar_tensor", "full"):
+with warnings.catch_warnings():  # torch has a generic Lazy kernel for it: ours replaces it
+    warnings.simplefilter("ignore", UserWarning)
+    _lib.impl("_efficientzerotensor", _efficientzerotensor)
+_lib.impl("randperm", _randperm)
+for _name in (
+    "arange",
+    "arange.start",
+    "arange.start_step",
+    "scalar_tensor",
+    "full",
+    "eye",
+    "eye.m",
+    "linspace",
+    "logspace",
+):
     _op, _, _overload = _name.partition(".")
     _lib.impl(_name, _factory(getattr(getattr(torch.ops.aten, _op), _overload or "default")))
 _lib.impl("empty_strided", _empty_strided)

@@ -477,9 +477,13 @@ def _same_value(func, args, kwargs):
 
 def _native_batch_norm_legit(func, args, kwargs):
     """The training form mutates running stats in place: record the functional form and
-    rebind the stats to its results."""
+    rebind the stats to its results. In eval mode torch saves no statistics (shape [0])."""
     x, weight, bias, running_mean, running_var, training, momentum, eps = args[:8]
-    if running_mean is None or not training:
+    if not training:
+        out = record(aten._native_batch_norm_legit_no_training.default, args[:5] + (momentum, eps), {})
+        empty = record(aten.new_zeros.default, (x, [0]), {})
+        return out[0], empty, wrap(empty._ir)
+    if running_mean is None:
         return record(func, args, kwargs)
     out = record(
         aten._native_batch_norm_legit_functional.default,
@@ -489,6 +493,17 @@ def _native_batch_norm_legit(func, args, kwargs):
     rebind(running_mean, out[3]._ir)
     rebind(running_var, out[4]._ir)
     return out[0], out[1], out[2]
+
+
+def _batch_norm_with_update(func, args, kwargs):
+    """``_batch_norm_with_update`` (training batch norm, as torch.nn.functional calls it): the
+    functional form, stats rebound; its ``reserve`` output is empty on CPU."""
+    x, weight, bias, running_mean, running_var, momentum, eps = args[:7]
+    out = _native_batch_norm_legit(
+        func, (x, weight, bias, running_mean, running_var, True, momentum, eps), {}
+    )
+    reserve = record(aten.new_zeros.default, (x, [0]), {"dtype": torch.uint8})
+    return (*out, reserve)
 
 
 def _native_dropout(func, args, kwargs):
@@ -517,6 +532,7 @@ SPECIAL = {
     aten._native_batch_norm_legit.default: _native_batch_norm_legit,
     # Mutates its running stats without saying so in its schema.
     aten.native_batch_norm.default: _native_batch_norm_legit,
+    aten._batch_norm_with_update.default: _batch_norm_with_update,
     aten.native_dropout.default: _native_dropout,
 }
 

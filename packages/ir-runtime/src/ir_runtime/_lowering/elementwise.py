@@ -301,6 +301,21 @@ for _name, _fn in _COMPARE.items():
     register(*existing(f"aten::{_name}.Scalar"))(_cmp_ts)
 
 
+@register("aten::isclose.default")
+def _isclose(node, x, y):
+    """torch's isclose: equal, or finite and within ``atol + rtol * |other|``."""
+    a = node.attrs
+    x, y = _common(x, y)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        x, y = x.astype(np.float64), y.astype(np.float64)
+    close = (x == y) | (
+        jnp.isfinite(x) & jnp.isfinite(y) & (jnp.abs(x - y) <= a["atol"] + a["rtol"] * jnp.abs(y))
+    )
+    if a["equal_nan"]:
+        close = close | (jnp.isnan(x) & jnp.isnan(y))
+    return close
+
+
 # -- selection, casts, fills ---------------------------------------------------------------
 
 

@@ -45,6 +45,21 @@ def _baddbmm(node, bias, x, y):
     return _addmm(node, bias, x, y)
 
 
+@register("aten::addbmm.default")
+def _addbmm(node, bias, x, y):
+    """``beta * bias + alpha * sum_b x[b] @ y[b]``: one contraction over batch and inner dim."""
+    dt = out_dtype(node)
+    beta, alpha = node.attrs["beta"], node.attrs["alpha"]
+    prod = jnp.einsum("bij,bjk->ik", x, y, precision=_PRECISION)
+    if not _constant(alpha, 1):
+        prod = prod * scalar(alpha, dt)
+    if _constant(beta, 0):
+        return prod.astype(dt)
+    if not _constant(beta, 1):
+        bias = bias * scalar(beta, dt)
+    return (bias + prod).astype(dt)
+
+
 @register("ir::dot_general")
 def _dot_general(node, x, y):
     """``lax.dot_general`` with attrs ``contracting`` ((lhs dims), (rhs dims)) and ``batch``."""

@@ -223,6 +223,54 @@ def _batch_norm_backward(node, grad, x, weight, running_mean, running_var, save_
     return _masked(node, node.attrs["output_mask"], (gx, gw, gb))
 
 
+def _groups(node, x):
+    """``x`` as (N, group, C/group * HxW), the layout group norm reduces over."""
+    a = node.attrs
+    return x.reshape(a["N"], a["group"], -1)
+
+
+def _per_channel(v, node):
+    """A per-group (N, group) statistic broadcast to (N, C, HxW)."""
+    a = node.attrs
+    return jnp.repeat(v, a["C"] // a["group"], axis=1)[:, :, None]
+
+
+@register("aten::native_group_norm.default")
+def _native_group_norm(node, x, weight, bias):
+    a = node.attrs
+    g = _groups(node, x)
+    mean = jnp.mean(g, axis=2)
+    rstd = lax.rsqrt(jnp.mean(jnp.square(g - mean[:, :, None]), axis=2) + a["eps"])
+    out = (x.reshape(a["N"], a["C"], -1) - _per_channel(mean, node)) * _per_channel(rstd, node)
+    if weight is not None:
+        out = out * weight[None, :, None]
+    if bias is not None:
+        out = out + bias[None, :, None]
+    outs = (out.reshape(x.shape), mean, rstd)
+    return tuple(o.astype(out_dtype(node, k)) for k, o in enumerate(outs))
+
+
+@register("aten::native_group_norm_backward.default")
+def _native_group_norm_backward(node, grad, x, mean, rstd, weight):
+    """From the forward's saved ``mean`` and ``rstd``."""
+    a = node.attrs
+    n, c = a["N"], a["C"]
+    x3, g3 = x.reshape(n, c, -1), grad.reshape(n, c, -1)
+    xhat = (x3 - _per_channel(mean, node)) * _per_channel(rstd, node)
+    gxhat = g3 if weight is None else g3 * weight[None, :, None]
+    per_group = (n, a["group"], -1)
+    gx_groups = gxhat.reshape(per_group)
+    xhat_groups = xhat.reshape(per_group)
+    gx = rstd[:, :, None] * (
+        gx_groups
+        - jnp.mean(gx_groups, axis=2, keepdims=True)
+        - xhat_groups * jnp.mean(gx_groups * xhat_groups, axis=2, keepdims=True)
+    )
+    gw = None if weight is None else jnp.sum(g3 * xhat, axis=(0, 2))
+    gb = jnp.sum(g3, axis=(0, 2))
+    return _masked(node, a["output_mask"], (gx.reshape(x.shape), gw, gb))
+
+
 @register("aten::mse_loss.default")
 def _mse_loss(node, x, target):
     dt = out_dtype(node)

@@ -108,9 +108,7 @@ def _geometry(node, x, n: int, dilation: bool):
                 f"{_op(node)}: padding={p} must be at least 0 and at most half the "
                 f"effective kernel size (kernel_size={k}, dilation={d})"
             )
-    out = tuple(
-        _pool_out_size(*a, ceil_mode) for a in zip(sizes, k, s, p, d, strict=True)
-    )
+    out = tuple(_pool_out_size(*a, ceil_mode) for a in zip(sizes, k, s, p, d, strict=True))
     if any(o <= 0 for o in out):
         raise ValueError(f"{_op(node)}: input {tuple(x.shape)} is too small: output {out}")
     return k, s, p, d, out, sizes
@@ -288,7 +286,7 @@ def _avg_divisor(sizes, k, s, p, out, count_include_pad) -> np.ndarray:
         pool = end - start
         inside = np.minimum(end, size) - np.maximum(start, 0)
         inside = np.maximum(inside, 0)
-        per_dim.append((np.where(inside > 0, pool, 0) if count_include_pad else inside))
+        per_dim.append(np.where(inside > 0, pool, 0) if count_include_pad else inside)
     total = per_dim[0]
     for a in per_dim[1:]:
         total = np.multiply.outer(total, a)
@@ -341,8 +339,10 @@ def _avg_pool_backward(n: int):
         if not jnp.issubdtype(x.dtype, jnp.inexact):
             raise ValueError(f"{_op(node)}: the input must be floating, got {x.dtype}")
         if tuple(grad.shape) != (*x.shape[:-n], *_geometry(node, x, n, dilation=False)[4]):
-            raise ValueError(f"{_op(node)}: grad_output {tuple(grad.shape)} does not match the "
-                             f"pooled input {tuple(x.shape)}")
+            raise ValueError(
+                f"{_op(node)}: grad_output {tuple(grad.shape)} does not match the "
+                f"pooled input {tuple(x.shape)}"
+            )
         _, vjp = jax.vjp(lambda v: _avg_pool(node, v, n, False).astype(grad.dtype), x)
         return vjp(grad)[0].astype(out_dtype(node))
 
@@ -387,8 +387,12 @@ def _adaptive_avg(node, x, n: int, out_sizes):
         j = np.arange(size)
         member = ((j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])).astype(acc)
         y = jnp.moveaxis(
-            jnp.tensordot(y, jnp.asarray(member), axes=([y.ndim - n + axis], [1]),
-                          precision=lax.Precision.HIGHEST),
+            jnp.tensordot(
+                y,
+                jnp.asarray(member),
+                axes=([y.ndim - n + axis], [1]),
+                precision=lax.Precision.HIGHEST,
+            ),
             -1,
             y.ndim - n + axis,
         )
@@ -459,13 +463,11 @@ def _intervals(samples, size: int, out: int, k: int):
     last = jnp.full((planes, 1), size - k, jnp.int64)
     if out == 1:
         return last
-    alpha = (np.array(size - k, np.float64).astype(dt) / np.array(out - 1, np.float64).astype(dt))
-    alpha = jnp.asarray(np.asarray(alpha, dt))
-    i = jnp.arange(out - 1).astype(dt)
+    # alpha in the samples' dtype: numpy rounds the quotient to it, as C++ does.
+    alpha = jnp.asarray(np.array(size - k, np.float64).astype(dt) / np.array(out - 1).astype(dt))
     u = samples[:, None]
-    starts = jnp.trunc((i[None, :] + u) * alpha).astype(jnp.int64) - jnp.trunc(
-        u * alpha
-    ).astype(jnp.int64)
+    i = jnp.arange(out - 1).astype(dt)[None, :]
+    starts = jnp.trunc((i + u) * alpha).astype(jnp.int64) - jnp.trunc(u * alpha).astype(jnp.int64)
     return jnp.concatenate([starts, last], axis=1)
 
 
@@ -486,12 +488,18 @@ def _fractional_max(n: int):
                     f"at least output + kernel - 1 per dim, got {sizes}"
                 )
         planes = math.prod(x.shape[:-n])
-        if samples.ndim != 3 or samples.shape[-1] != n or samples.size != planes * n:
+        batch = x.shape[0] if x.ndim == n + 2 else 1
+        if (
+            samples.ndim != 3
+            or samples.shape[0] < batch
+            or samples.shape[1:] != (x.shape[-n - 1], n)
+        ):
             raise ValueError(
-                f"{_op(node)}: random_samples {tuple(samples.shape)} must hold {n} samples for "
-                f"each of the input's {planes} planes"
+                f"{_op(node)}: random_samples {tuple(samples.shape)} must be (at least {batch}, "
+                f"{x.shape[-n - 1]}, {n}) for input {tuple(x.shape)}"
             )
-        u = samples.reshape(planes, n)
+        # As torch: the first rows when there are more than the batch holds.
+        u = samples[:batch].reshape(planes, n)
         per_dim_pos = []
         for axis, (size, kd, od) in enumerate(zip(sizes, k, out, strict=True)):
             starts = _intervals(u[:, order[axis]], size, od, kd)

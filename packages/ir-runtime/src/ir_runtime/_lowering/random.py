@@ -104,3 +104,9 @@ def _multinomial(node, key, probs):
     gumbel = jax.random.gumbel(k, logits.shape, dtype=np.float64)
     _, top = jax.lax.top_k(logits + gumbel, n)
     return top.astype(out_dtype(node))
+
+
+@register("ir::random_permutation")
+def _permutation(node, key):
+    n = out_dims(node)[0]
+    return jax.random.permutation(_key(key, node), n).astype(out_dtype(node))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ir_runtime._lowering._registry import norm_dim, norm_dims, out_dims, out_dtype, register
 
@@ -149,6 +150,21 @@ def _with_mean(spread):
 
 register("aten::var_mean.correction")(_with_mean(lambda v: v))
 register("aten::std_mean.correction")(_with_mean(jnp.sqrt))
+
+
+@register("aten::hash_tensor.default")
+def _hash_tensor(node, x):
+    """torch's mode 0: the XOR of every element's bits, floats as float64 and integers as
+    int64 (sign-extended), read as uint64."""
+    if node.attrs["mode"] != 0:
+        raise ValueError(f"hash_tensor mode {node.attrs['mode']} is not supported (only 0)")
+    wide = np.float64 if jnp.issubdtype(x.dtype, jnp.floating) else np.int64
+    bits = jax.lax.bitcast_convert_type(x.astype(wide), np.uint64)
+    dims = _dims(node, x)
+    out = jax.lax.reduce(bits, np.uint64(0), jax.lax.bitwise_xor, dims)
+    if node.attrs["keepdim"]:
+        out = out.reshape(out_dims(node))
+    return out
 
 
 @register("aten::cumsum.default")

@@ -332,8 +332,7 @@ def _grid_sample(x, grid, mode: int, padding: int, align: bool, op: str):
             row = 0
             for j in range(4):
                 xj = _gs_coordinates(floors[1] - 1 + j, sizes[1], padding, align)
-                ints = [lax.stop_gradient(yi).astype(jnp.int32), xj.astype(jnp.int32)]
-                ints = [lax.stop_gradient(v) for v in ints]
+                ints = [yi.astype(jnp.int32), xj.astype(jnp.int32)]  # integral already
                 row = row + _gs_gather(xt, batch, ints, sizes) * wx[j][..., None]
             rows.append(row)
         out = sum(r * w[..., None] for r, w in zip(rows, wy, strict=True))
@@ -435,25 +434,23 @@ def _embedding_bag(node, weight, indices, offsets, per_sample_weights):
         out = jax.ops.segment_sum(rows * scale[:, None], bag, num_segments=num_bags)
         if mode == _MEAN:
             out = out / jnp.where(count == 0, 1, count).astype(dt)[:, None]
+    # The auxiliary outputs, in the shapes torch's meta kernel gives: offset2bag (empty on
+    # torch's fast sum path), bag_size (zeros in sum mode), max_indices (the bag sizes in mean
+    # mode, zeros or empty in sum mode).
+    aux = [bag, count if mode != _SUM else None, max_indices if mode == _MAX else None]
+    if mode == _MEAN:
+        aux[2] = count
     outs = [out.astype(dt)]
-    # offset2bag: torch's fast sum path leaves it empty.
-    outs.append(bag if node.shapes[1].dims != (0,) else jnp.zeros((0,), jnp.int64))
-    outs.append(count if mode != _SUM else jnp.zeros_like(count))
-    if mode == _MAX:
-        outs.append(max_indices)
-    elif mode == _MEAN:
-        outs.append(count)
-    else:
-        outs.append(jnp.zeros(node.shapes[3].dims, jnp.int64))
-    outs[1:] = [jnp.zeros(node.shapes[k].dims, out_dtype(node, k)) if o.shape != node.shapes[k].dims
-                else o.astype(out_dtype(node, k)) for k, o in enumerate(outs[1:], 1)]
+    for k, value in enumerate(aux, 1):
+        dims = node.shapes[k].dims
+        if value is None or value.shape != dims:
+            value = jnp.zeros(dims, out_dtype(node, k))
+        outs.append(value.astype(out_dtype(node, k)))
     return tuple(outs)
 
 
 def _bag_weight_grad(node, grad, indices, bag, bag_size, max_indices, per_sample_weights):
     a = node.attrs
-    if a.get("sparse", False):
-        raise ValueError("_embedding_bag_backward: sparse gradients are not supported")
     mode, pad, num_weights = a["mode"], a["padding_idx"], a["num_weights"]
     dt = out_dtype(node)
     g = grad.astype(dt)
@@ -479,7 +476,7 @@ def _bag_weight_grad(node, grad, indices, bag, bag_size, max_indices, per_sample
     return jnp.zeros((num_weights, g.shape[1]), dt).at[indices].add(rows)
 
 
-def _mean_bag_size(mode, indices, bag, num_bags, pad):
+def _bag_size(indices, bag, num_bags, pad):
     """The per-bag count of non-padding indices (what torch's forward gives in mean mode)."""
     return jax.ops.segment_sum(_kept(indices, pad).astype(jnp.int64), bag, num_segments=num_bags)
 
@@ -488,9 +485,11 @@ def _mean_bag_size(mode, indices, bag, num_bags, pad):
 def _embedding_bag_backward(
     node, grad, indices, offsets, offset2bag, bag_size, max_indices, per_sample_weights
 ):
+    if node.attrs["sparse"]:
+        raise ValueError("_embedding_bag_backward: sparse=True gradients are not supported")
     bag = _bag_of(offsets, indices.shape[0], grad.shape[0])
     if node.attrs["mode"] == _MEAN:
-        bag_size = _mean_bag_size(_MEAN, indices, bag, grad.shape[0], node.attrs["padding_idx"])
+        bag_size = _bag_size(indices, bag, grad.shape[0], node.attrs["padding_idx"])
     return _bag_weight_grad(node, grad, indices, bag, bag_size, max_indices, per_sample_weights)
 
 
@@ -504,8 +503,6 @@ def _embedding_bag_dense_backward(
             "fast sum path leaves it empty; use _embedding_bag_backward)"
         )
     bag = offset2bag
-    if node.attrs["mode"] == _MEAN:
-        bag_size = _mean_bag_size(_MEAN, indices, bag, grad.shape[0], node.attrs["padding_idx"])
     return _bag_weight_grad(node, grad, indices, bag, bag_size, max_indices, per_sample_weights)
 
 

@@ -276,6 +276,36 @@ def _arange(node):
     ).astype(out_dtype(node))
 
 
+@register("aten::eye.default", "aten::eye.m")
+def _eye(node):
+    n, m = out_dims(node)
+    return jnp.eye(n, m, dtype=out_dtype(node))
+
+
+def _spaced(start, end, steps):
+    """torch's linspace: from both ends toward the middle, so both ends are exact."""
+    if steps == 1:
+        return np.array([start], np.float64)
+    step = (end - start) / (steps - 1)
+    i = np.arange(steps, dtype=np.float64)
+    return np.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
+
+
+@register("aten::linspace.default")
+def _linspace(node):
+    a = node.attrs
+    dt = out_dtype(node)
+    values = _spaced(float(a["start"]), float(a["end"]), a["steps"])
+    return jnp.asarray(values, np.float64).astype(dt)
+
+
+@register("aten::logspace.default")
+def _logspace(node):
+    a = node.attrs
+    exponents = _spaced(float(a["start"]), float(a["end"]), a["steps"])
+    return jnp.power(float(a["base"]), jnp.asarray(exponents)).astype(out_dtype(node))
+
+
 @register("ir::iota")
 def _iota(node):
     return lax.broadcasted_iota(out_dtype(node), out_dims(node), node.attrs.get("dimension", 0))
