@@ -1,8 +1,9 @@
 """Run one ATen op through the runtime and through torch eager, the oracle.
 
-An op is recorded the way the front end records it: tensor arguments become operands (as
-DeviceData holding the same values), other arguments attributes under their schema names, an
-optional tensor given as None an attribute set to None. Output shapes come from torch's result.
+An op is recorded the way the front end records it (its own argument preparation): tensor
+arguments become operands (as DeviceData holding the same values), other arguments attributes
+under their schema names, defaults included, an optional tensor given as None an attribute set
+to None. Output shapes come from torch's result.
 """
 
 import numpy as np
@@ -10,7 +11,8 @@ import torch
 
 import ir_runtime as irt
 from ir_core import DeviceData, Generic, Shape, Value
-from ir_runtime._frontend._record import TORCH_TO_IR
+from ir_runtime._frontend._record import TORCH_TO_IR, plan_of, prepare
+from ir_runtime._frontend._tensor import as_value
 
 TORCH_DTYPES = TORCH_TO_IR  # the front end's table: torch dtype -> ir-core name
 
@@ -25,50 +27,22 @@ def to_numpy(t):
     return t.numpy()
 
 
-def attr(value):
-    if isinstance(value, torch.dtype):
-        return TORCH_DTYPES[value]
-    if isinstance(value, (list, tuple, torch.Size)):
-        return tuple(attr(v) for v in value)
-    if isinstance(value, torch.memory_format | torch.layout | torch.device):
-        return None
-    return value
-
-
 def overload(name):
     op, _, over = name.partition(".")
     return getattr(getattr(torch.ops.aten, op), over or "default")
 
 
 def record(name, args, kwargs):
-    """The IR node of ``aten::name(*args, **kwargs)``, its torch result, its leaves."""
+    """The IR node of ``aten::name(*args, **kwargs)`` exactly as the front end records it (its
+    own argument preparation: host tensors become DeviceData holding the same values, every
+    default an attribute), its torch result, its leaves."""
     fn = overload(name)
     expected = fn(*args, **kwargs)
-    operands, attrs, leaves = [], {}, []
-    schema_args = fn._schema.arguments
-    given = dict(zip([a.name for a in schema_args], args, strict=False))
-    given.update(kwargs)
-    for a in schema_args:
-        if a.name not in given:
-            continue
-        value = given[a.name]
-        values = value if isinstance(value, (list, tuple)) else [value]
-        if values and all(isinstance(v, torch.Tensor) for v in values) and len(values) > 0:
-            for v in values:
-                leaf = DeviceData(shape_of(v), handle=to_numpy(v.detach()))
-                leaves.append(leaf)
-                operands.append(Value(leaf))
-        elif value is None and "Tensor" in str(a.type):
-            attrs[a.name] = None
-        else:
-            attrs[a.name] = attr(value)
+    plan = plan_of(fn)
+    _, operands, attrs = prepare(plan, args, kwargs, as_value)
+    leaves = [v.node for v in operands if isinstance(v.node, DeviceData)]
     outs = expected if isinstance(expected, (tuple, list)) else (expected,)
-    node = Generic(
-        f"aten::{name if '.' in name else name + '.default'}",
-        operands,
-        [shape_of(o) for o in outs],
-        attrs,
-    )
+    node = Generic(plan.op, operands, [shape_of(o) for o in outs], attrs)
     return node, outs
 
 

@@ -337,3 +337,70 @@ def test_mse_loss_and_backward(reduction):
     check("mse_loss", x, t, reduction)
     grad = rnd(4, 5) if reduction == 0 else torch.tensor(0.7)
     check("mse_loss_backward", grad, x, t, reduction)
+
+
+# -- random samplers: the lazy stream, checked against each distribution's own moments ------
+
+N_DRAWS = 40_000
+
+
+def _draw(make):
+    import ir_runtime as irt
+
+    return irt.to_torch(make(irt.to_lazy(torch.zeros(N_DRAWS, dtype=torch.float64)))).double()
+
+
+@pytest.mark.parametrize(
+    "name, make, mean, var",
+    [
+        ("rand_like", lambda x: torch.rand_like(x), 0.5, 1 / 12),
+        ("randn_like", lambda x: torch.randn_like(x), 0.0, 1.0),
+        ("uniform_", lambda x: x.clone().uniform_(-2.0, 4.0), 1.0, 3.0),
+        ("normal_", lambda x: x.clone().normal_(3.0, 0.5), 3.0, 0.25),
+        ("exponential_", lambda x: x.clone().exponential_(2.0), 0.5, 0.25),
+        ("geometric_", lambda x: x.clone().geometric_(0.25), 4.0, 12.0),
+        ("log_normal_", lambda x: x.clone().log_normal_(0.0, 0.5), 1.1331, 0.3646),
+        ("randint_like", lambda x: torch.randint_like(x, 3, 7), 4.5, 1.25),
+        ("random_", lambda x: x.clone().random_(0, 10), 4.5, 8.25),
+        ("bernoulli", lambda x: torch.bernoulli(torch.full_like(x, 0.3)), 0.3, 0.21),
+    ],
+)
+def test_random_samplers_follow_their_distributions(name, make, mean, var):
+    """Mean and variance within 6 standard errors of the distribution's (the oracle: its
+    formulas); integer samplers stay in range."""
+    x = _draw(make)
+    assert x.shape == (N_DRAWS,) and torch.isfinite(x).all(), name
+    se_mean = (var / N_DRAWS) ** 0.5
+    assert abs(x.mean().item() - mean) < 6 * se_mean, (name, x.mean().item(), mean)
+    assert abs(x.var().item() - var) < 0.1 * var, (name, x.var().item(), var)
+    if name in ("randint_like", "random_"):
+        assert x.min() >= (3 if name == "randint_like" else 0)
+        assert x.max() < (7 if name == "randint_like" else 10)
+        assert torch.equal(x, x.round())
+
+
+def test_cauchy_quartiles_and_multinomial_frequencies():
+    import ir_runtime as irt
+
+    x = _draw(lambda t: t.clone().cauchy_(1.0, 2.0))
+    q1, q2, q3 = torch.quantile(x, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+    assert abs(q2 - 1.0) < 0.1 and abs(q1 + 1.0) < 0.15 and abs(q3 - 3.0) < 0.15
+    probs = torch.tensor([[0.1, 0.0, 0.9], [0.25, 0.25, 0.5]])
+    draws = irt.to_torch(torch.multinomial(irt.to_lazy(probs), 20_000, replacement=True))
+    assert draws.dtype == torch.int64 and draws.shape == (2, 20_000)
+    for row, p in zip(draws, probs, strict=True):
+        freq = torch.bincount(row, minlength=3).double() / 20_000
+        assert torch.allclose(freq, p.double(), atol=0.015), (freq, p)
+    # Without replacement: distinct categories, never one of probability 0.
+    picks = irt.to_torch(torch.multinomial(irt.to_lazy(probs.repeat(200, 1)), 2))
+    assert (picks[:, 0] != picks[:, 1]).all() and not (picks[::2] == 1).any()
+
+
+def test_randperm_is_a_permutation_and_draws_follow_the_seed():
+    import ir_runtime as irt
+
+    torch.manual_seed(7)
+    a = irt.to_torch(torch.randperm(50, device="lazy"))
+    torch.manual_seed(7)
+    b = irt.to_torch(torch.randperm(50, device="lazy"))
+    assert torch.equal(torch.sort(a).values, torch.arange(50)) and torch.equal(a, b)

@@ -38,7 +38,8 @@ torch.random.manual_seed = _manual_seed
 
 def _key() -> tuple[Value, int]:
     seed = torch.initial_seed()
-    if _state["key"] is None and (seed != _state["seed"] or _seedings[0] != _state["seedings"]):
+    if seed != _state["seed"] or _seedings[0] != _state["seedings"]:
+        # Reseeded (also in the middle of a step): the stream starts again, as torch's does.
         _state.update(seed=seed, seedings=_seedings[0], step=0, offset=0, key=None)
     if _state["key"] is None:
         data = np.array([seed & 0xFFFFFFFF, _state["step"] & 0xFFFFFFFF], dtype=np.uint32)

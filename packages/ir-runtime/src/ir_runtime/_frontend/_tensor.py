@@ -122,10 +122,19 @@ def wrap(value: Value) -> LazyTensor:
 
 def host_numpy(x: torch.Tensor) -> np.ndarray:
     """A host tensor's value as numpy, bfloat16 kept (as ml_dtypes' bfloat16)."""
+    check_strided(x)
     host = x.detach().cpu()
     if host.dtype == torch.bfloat16:
         return host.float().numpy().astype(ml_dtypes.bfloat16)
     return host.numpy()
+
+
+def check_strided(x: torch.Tensor) -> None:
+    if x.layout != torch.strided:
+        raise UnsupportedOpError(
+            f"a {x.layout} tensor {tuple(x.shape)} cannot move to the lazy device: only dense "
+            f"(strided) tensors can; use t.to_dense() first"
+        )
 
 
 def as_value(x) -> Value:

@@ -53,14 +53,14 @@ def _binary(fn, with_alpha):
     def tensor_tensor(node, x, y):
         dt = out_dtype(node)
         y = _cast(y, dt)
-        if with_alpha and not _is_one(node.attrs.get("alpha", 1)):
+        if with_alpha and not _is_one(node.attrs["alpha"]):
             y = y * scalar(node.attrs["alpha"], dt)
         return fn(_cast(x, dt), y)
 
     def tensor_scalar(node, x):
         dt = out_dtype(node)
         y = scalar(node.attrs["other"], dt)
-        if with_alpha and not _is_one(node.attrs.get("alpha", 1)):
+        if with_alpha and not _is_one(node.attrs["alpha"]):
             y = y * scalar(node.attrs["alpha"], dt)
         return fn(_cast(x, dt), y)
 
@@ -97,13 +97,13 @@ def _pow_st(node, y):
 @register("aten::rsub.Tensor")
 def _rsub_tt(node, x, y):
     dt = out_dtype(node)
-    return _cast(y, dt) - _cast(x, dt) * scalar(node.attrs.get("alpha", 1), dt)
+    return _cast(y, dt) - _cast(x, dt) * scalar(node.attrs["alpha"], dt)
 
 
 @register("aten::rsub.Scalar")
 def _rsub_ts(node, x):
     dt = out_dtype(node)
-    alpha = scalar(node.attrs.get("alpha", 1), dt)
+    alpha = scalar(node.attrs["alpha"], dt)
     return scalar(node.attrs["other"], dt) - _cast(x, dt) * alpha
 
 
@@ -135,14 +135,14 @@ def _div_ts(node, x):
 @register("aten::div.Tensor_mode")
 def _div_mode(node, x, y):
     dt = out_dtype(node)
-    return _divide(_cast(x, dt), _cast(y, dt), node.attrs.get("rounding_mode"), dt)
+    return _divide(_cast(x, dt), _cast(y, dt), node.attrs["rounding_mode"], dt)
 
 
 @register("aten::div.Scalar_mode")
 def _div_scalar_mode(node, x):
     dt = out_dtype(node)
     y = scalar(node.attrs["other"], dt)
-    return _divide(_cast(x, dt), y, node.attrs.get("rounding_mode"), dt)
+    return _divide(_cast(x, dt), y, node.attrs["rounding_mode"], dt)
 
 
 # -- unary ---------------------------------------------------------------------------------
@@ -201,38 +201,37 @@ def _logical_not(node, x):
     return jnp.logical_not(x)
 
 
-@register("aten::isnan.default", "aten::isinf.default", "aten::isfinite.default")
-def _is(node, x):
-    return getattr(jnp, node.op.split("::")[1].split(".")[0])(x)
+for _name, _fn in (("isnan", jnp.isnan), ("isinf", jnp.isinf), ("isfinite", jnp.isfinite)):
+    register(f"aten::{_name}.default")(lambda node, x, _fn=_fn: _fn(x))
 
 
 @register("aten::gelu.default")
 def _gelu(node, x):
-    approximate = node.attrs.get("approximate", "none") == "tanh"
+    approximate = node.attrs["approximate"] == "tanh"
     return jax.nn.gelu(_cast(x, out_dtype(node)), approximate=approximate)
 
 
 @register("aten::leaky_relu.default")
 def _leaky_relu(node, x):
-    return jax.nn.leaky_relu(x, node.attrs.get("negative_slope", 0.01))
+    return jax.nn.leaky_relu(x, node.attrs["negative_slope"])
 
 
 @register("aten::elu.default")
 def _elu(node, x):
     a = node.attrs
-    alpha, scale, input_scale = a.get("alpha", 1.0), a.get("scale", 1.0), a.get("input_scale", 1.0)
+    alpha, scale, input_scale = a["alpha"], a["scale"], a["input_scale"]
     return scale * jnp.where(x > 0, x, alpha * jnp.expm1(x * input_scale))
 
 
 @register("aten::hardtanh.default")
 def _hardtanh(node, x):
-    return jnp.clip(x, node.attrs.get("min_val", -1.0), node.attrs.get("max_val", 1.0))
+    return jnp.clip(x, node.attrs["min_val"], node.attrs["max_val"])
 
 
 @register("aten::clamp.default")
 def _clamp(node, x):
     dt = out_dtype(node)
-    lo, hi = node.attrs.get("min"), node.attrs.get("max")
+    lo, hi = node.attrs["min"], node.attrs["max"]
     x = _cast(x, dt)
     if lo is not None:
         x = jnp.maximum(x, scalar(lo, dt))
@@ -255,9 +254,9 @@ def _clamp_tensor(node, x, lo, hi):
 @register("aten::nan_to_num.default")
 def _nan_to_num(node, x):
     a = node.attrs
-    nan = a.get("nan")
+    nan = a["nan"]
     return jnp.nan_to_num(
-        x, nan=0.0 if nan is None else nan, posinf=a.get("posinf"), neginf=a.get("neginf")
+        x, nan=0.0 if nan is None else nan, posinf=a["posinf"], neginf=a["neginf"]
     )
 
 
@@ -344,7 +343,6 @@ def _where_scalar_self(node, cond, y):
     "aten::lift_fresh_copy.default",
     "aten::contiguous.default",
     "aten::detach.default",
-    "ir::cast",
 )
 def _copy(node, x):
     return _cast(x, out_dtype(node))
@@ -389,14 +387,14 @@ def _lerp_tensor(node, x, end, weight):
 @register("aten::addcmul.default")
 def _addcmul(node, x, t1, t2):
     dt = out_dtype(node)
-    v = scalar(node.attrs.get("value", 1), dt)
+    v = scalar(node.attrs["value"], dt)
     return _cast(x, dt) + v * _cast(t1, dt) * _cast(t2, dt)
 
 
 @register("aten::addcdiv.default")
 def _addcdiv(node, x, t1, t2):
     dt = out_dtype(node)
-    v = scalar(node.attrs.get("value", 1), dt)
+    v = scalar(node.attrs["value"], dt)
     return _cast(x, dt) + v * _cast(t1, dt) / _cast(t2, dt)
 
 
@@ -420,7 +418,7 @@ def _tanh_backward(node, grad, y):
 
 @register("aten::gelu_backward.default")
 def _gelu_backward(node, grad, x):
-    approximate = node.attrs.get("approximate", "none") == "tanh"
+    approximate = node.attrs["approximate"] == "tanh"
     _, vjp = jax.vjp(lambda v: jax.nn.gelu(v, approximate=approximate), x)
     return vjp(grad)[0]
 
@@ -433,7 +431,7 @@ def _silu_backward(node, grad, x):
 
 @register("aten::leaky_relu_backward.default")
 def _leaky_relu_backward(node, grad, x):
-    slope = node.attrs.get("negative_slope", 0.01)
+    slope = node.attrs["negative_slope"]
     return jnp.where(x > 0, grad, grad * slope)
 
 
@@ -450,5 +448,5 @@ def _rrelu_with_noise_backward(node, grad, x, noise):
 
 @register("aten::hardtanh_backward.default")
 def _hardtanh_backward(node, grad, x):
-    lo, hi = node.attrs.get("min_val", -1.0), node.attrs.get("max_val", 1.0)
+    lo, hi = node.attrs["min_val"], node.attrs["max_val"]
     return jnp.where((x <= lo) | (x >= hi), jnp.zeros((), grad.dtype), grad)

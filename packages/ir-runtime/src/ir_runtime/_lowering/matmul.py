@@ -25,7 +25,7 @@ def _dot(node, x, y):
 @register("aten::addmm.default")
 def _addmm(node, bias, x, y):
     dt = out_dtype(node)
-    beta, alpha = node.attrs.get("beta", 1), node.attrs.get("alpha", 1)
+    beta, alpha = node.attrs["beta"], node.attrs["alpha"]
     prod = jnp.matmul(x, y, precision=_PRECISION)
     if not _constant(alpha, 1):
         prod = prod * scalar(alpha, dt)
@@ -60,27 +60,17 @@ def _addbmm(node, bias, x, y):
     return (bias + prod).astype(dt)
 
 
-@register("ir::dot_general")
-def _dot_general(node, x, y):
-    """``lax.dot_general`` with attrs ``contracting`` ((lhs dims), (rhs dims)) and ``batch``."""
-    a = node.attrs
-    dims = (tuple(map(tuple, a["contracting"])), tuple(map(tuple, a.get("batch", ((), ())))))
-    return lax.dot_general(x, y, dims, precision=_PRECISION).astype(out_dtype(node))
-
-
 def _conv(x, w, attrs):
     """torch's convolution (NC[spatial] input, OI[spatial] weight) through lax."""
     n = x.ndim - 2
-    stride = tuple(attrs.get("stride", (1,) * n))
-    padding = tuple(attrs.get("padding", (0,) * n))
-    dilation = tuple(attrs.get("dilation", (1,) * n))
-    groups = attrs.get("groups", 1)
+    stride, padding, dilation = (tuple(attrs[k]) for k in ("stride", "padding", "dilation"))
+    groups = attrs["groups"]
     spatial = "DHW"[3 - n :]
     dn = lax.conv_dimension_numbers(
         x.shape, w.shape, (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
     )
-    if attrs.get("transposed", False):
-        output_padding = tuple(attrs.get("output_padding", (0,) * n))
+    if attrs["transposed"]:
+        output_padding = tuple(attrs["output_padding"])
         # A transposed conv is the gradient of a conv: dilate the input by the stride and pad.
         k = w.shape[2:]
         pads = [
@@ -130,7 +120,7 @@ def _convolution(node, x, w, bias):
 def _convolution_backward(node, grad, x, w):
     """Gradients of input, weight and bias, each where ``output_mask`` asks for it; through
     jax.vjp of the forward rule, so forward and backward always agree."""
-    mask = node.attrs.get("output_mask", (True, True, True))
+    mask = node.attrs["output_mask"]
     _, vjp = jax.vjp(lambda a, b: _conv(a, b, node.attrs), x, w)
     gx, gw = vjp(grad)
     outs = []

@@ -41,7 +41,7 @@ _REDUCTION = {0: "none", 1: "mean", 2: "sum"}
 
 def _nll_terms(node, x, target, weight):
     """Per-sample picked log-probabilities times their class weight, and those weights."""
-    ignore = node.attrs.get("ignore_index", -100)
+    ignore = node.attrs["ignore_index"]
     c_dim = 1 if x.ndim > 1 else 0
     valid = target != ignore
     safe = jnp.where(valid, target, 0)
@@ -276,7 +276,7 @@ def _mse_loss(node, x, target):
     dt = out_dtype(node)
     diff = x.astype(dt) - target.astype(dt)
     losses = diff * diff
-    reduction = _REDUCTION[node.attrs.get("reduction", 1)]
+    reduction = _REDUCTION[node.attrs["reduction"]]
     if reduction == "none":
         return losses
     return jnp.mean(losses) if reduction == "mean" else jnp.sum(losses)
@@ -285,7 +285,7 @@ def _mse_loss(node, x, target):
 @register("aten::mse_loss_backward.default")
 def _mse_loss_backward(node, grad, x, target):
     dt = out_dtype(node)
-    scale = 2.0 / x.size if _REDUCTION[node.attrs.get("reduction", 1)] == "mean" else 2.0
+    scale = 2.0 / x.size if _REDUCTION[node.attrs["reduction"]] == "mean" else 2.0
     return (grad.astype(dt) * (x.astype(dt) - target.astype(dt)) * jnp.asarray(scale, dt)).astype(
         dt
     )

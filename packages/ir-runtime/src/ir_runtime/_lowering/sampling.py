@@ -572,11 +572,11 @@ def _cdist_forward(node, x1, x2):
     dims = out_dims(node)
     batch = dims[:-2]
     dt = out_dtype(node)
+    if x1.size == 0 or x2.size == 0:
+        return jnp.zeros(dims, dt)
     x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:]).astype(dt)
     x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:]).astype(dt)
     r1, r2 = x1.shape[-2], x2.shape[-2]
-    if x1.size == 0 or x2.size == 0:
-        return jnp.zeros(dims, dt)
     mode = 0 if mode is None else mode
     if p == 2 and (mode == 1 or (mode == 0 and (r1 > 25 or r2 > 25))):
         # torch's _euclidean_dist: one matmul, then clamp and sqrt.
@@ -597,11 +597,11 @@ def _cdist_backward(node, grad, x1, x2, dist):
     p = node.attrs["p"]
     dims = out_dims(node)
     dt = out_dtype(node)
+    if x1.size == 0 or x2.size == 0 or grad.size == 0 or p == 0:
+        return jnp.zeros(dims, dt)  # torch: zeros like x1
     batch = dims[:-2]
     x1 = jnp.broadcast_to(x1, batch + x1.shape[-2:]).astype(dt)
     x2 = jnp.broadcast_to(x2, batch + x2.shape[-2:]).astype(dt)
-    if x1.size == 0 or x2.size == 0 or p == 0:
-        return jnp.zeros(dims, dt)
     diff = x1[..., :, None, :] - x2[..., None, :, :]
     g = jnp.broadcast_to(grad, batch + grad.shape[-2:]).astype(dt)[..., None]
     d = jnp.broadcast_to(dist, batch + dist.shape[-2:]).astype(dt)[..., None]

@@ -46,19 +46,19 @@ def _expand(node, x):
 
 @register("aten::slice.Tensor", "aten::slice_copy.Tensor")
 def _slice(node, x):
-    dim = norm_dim(node.attrs.get("dim", 0), x.ndim)
+    dim = norm_dim(node.attrs["dim"], x.ndim)
     start, end, step = _bounds(node.attrs, x.shape[dim])
     return lax.slice_in_dim(x, start, end, step, axis=dim)
 
 
 def _bounds(attrs, size):
-    start, end, step = attrs.get("start"), attrs.get("end"), attrs.get("step", 1)
+    start, end, step = attrs["start"], attrs["end"], attrs["step"]
     return slice(start, end, step).indices(size)
 
 
 @register("aten::slice_scatter.default")
 def _slice_scatter(node, x, src):
-    dim = norm_dim(node.attrs.get("dim", 0), x.ndim)
+    dim = norm_dim(node.attrs["dim"], x.ndim)
     start, end, step = _bounds(node.attrs, x.shape[dim])
     index = [slice(None)] * x.ndim
     index[dim] = slice(start, end, step)
@@ -85,19 +85,19 @@ def _select_scatter(node, x, src):
 def _cat(node, xs):
     dt = out_dtype(node)
     xs = [x.astype(dt) for x in xs if x.size or x.ndim != 1]  # torch skips empty 1-D tensors
-    return jnp.concatenate(xs, axis=norm_dim(node.attrs.get("dim", 0), len(out_dims(node))))
+    return jnp.concatenate(xs, axis=norm_dim(node.attrs["dim"], len(out_dims(node))))
 
 
 @register("aten::stack.default")
 def _stack(node, xs):
-    return jnp.stack(xs, axis=norm_dim(node.attrs.get("dim", 0), len(out_dims(node))))
+    return jnp.stack(xs, axis=norm_dim(node.attrs["dim"], len(out_dims(node))))
 
 
 @register(
     "aten::split_with_sizes.default", "aten::split.Tensor", "aten::split_with_sizes_copy.default"
 )
 def _split(node, x):
-    dim = norm_dim(node.attrs.get("dim", 0), x.ndim)
+    dim = norm_dim(node.attrs["dim"], x.ndim)
     outs, start = [], 0
     for k in range(len(node.shapes)):
         size = node.shapes[k].dims[dim]
@@ -113,7 +113,7 @@ def _constant_pad(node, x):
     config = [(0, 0, 0)] * x.ndim
     for k in range(len(pad) // 2):
         config[x.ndim - 1 - k] = (pad[2 * k], pad[2 * k + 1], 0)
-    return lax.pad(x, jnp.asarray(node.attrs.get("value", 0), x.dtype), config)
+    return lax.pad(x, jnp.asarray(node.attrs["value"], x.dtype), config)
 
 
 @register("aten::flip.default")
@@ -124,7 +124,7 @@ def _flip(node, x):
 @register("aten::roll.default")
 def _roll(node, x):
     return jnp.roll(
-        x, tuple(node.attrs["shifts"]), axis=tuple(node.attrs.get("dims") or ()) or None
+        x, tuple(node.attrs["shifts"]), axis=tuple(node.attrs["dims"]) or None
     )
 
 
@@ -133,10 +133,8 @@ def _repeat(node, x):
     return jnp.tile(x, tuple(node.attrs["repeats"]))
 
 
-@register("aten::tril.default", "aten::triu.default")
-def _tri(node, x):
-    fn = jnp.tril if "tril" in node.op else jnp.triu
-    return fn(x, node.attrs.get("diagonal", 0))
+register("aten::tril.default")(lambda node, x: jnp.tril(x, node.attrs["diagonal"]))
+register("aten::triu.default")(lambda node, x: jnp.triu(x, node.attrs["diagonal"]))
 
 
 # -- strided views and diagonals ---------------------------------------------------------------
@@ -232,48 +230,48 @@ def _resize(node, x, *like):
 # -- tensors from attributes -----------------------------------------------------------------
 
 
-@register("ir::constant")
-def _constant(node):
-    """A constant: attr ``value`` holds the raw bytes in the output dtype, C order."""
-    dt = out_dtype(node)
-    return jnp.asarray(np.frombuffer(node.attrs["value"], dtype=dt).reshape(out_dims(node)))
+def _filled(value):
+    """A factory's rule: its output shape and dtype, every element ``value(attrs)``."""
+
+    def rule(node, *like):
+        return jnp.full(out_dims(node), value(node.attrs), dtype=out_dtype(node))
+
+    return rule
 
 
-@register(
-    "aten::full.default",
-    "aten::scalar_tensor.default",
+# Uninitialized memory (empty, empty_like, new_empty), as torch promises it: zeros here.
+register(
     "aten::zeros.default",
-    "aten::ones.default",
-    "aten::empty.memory_format",
     "aten::new_zeros.default",
-    "aten::new_ones.default",
-    "aten::new_full.default",
-    "aten::new_empty.default",
     "aten::zeros_like.default",
-    "aten::ones_like.default",
-    "aten::full_like.default",
+    "aten::empty.memory_format",
+    "aten::new_empty.default",
     "aten::empty_like.default",
+)(_filled(lambda a: 0))
+register("aten::ones.default", "aten::new_ones.default", "aten::ones_like.default")(
+    _filled(lambda a: 1)
 )
-def _full(node, *like):
-    a = node.attrs
-    op = node.op
-    if "ones" in op:
-        value = 1
-    elif "zeros" in op or "empty" in op:
-        value = 0
-    else:
-        value = a.get("fill_value", a.get("s", 0))
-    return jnp.full(out_dims(node), value, dtype=out_dtype(node))
+register("aten::full.default", "aten::new_full.default", "aten::full_like.default")(
+    _filled(lambda a: a["fill_value"])
+)
+register("aten::scalar_tensor.default")(_filled(lambda a: a["s"]))
 
 
-@register("aten::arange.start_step", "aten::arange.default", "aten::arange.start")
-def _arange(node):
-    a = node.attrs
-    start, step = a.get("start", 0), a.get("step", 1)
+def _arange_from(start, end, step, node):
     n = out_dims(node)[0]
-    return (
-        start + step * jnp.arange(n, dtype=np.float64 if isinstance(step, float) else np.int64)
-    ).astype(out_dtype(node))
+    exact = all(isinstance(v, int) for v in (start, end, step))
+    return (start + step * jnp.arange(n, dtype=np.int64 if exact else np.float64)).astype(
+        out_dtype(node)
+    )
+
+
+register("aten::arange.default")(lambda node: _arange_from(0, node.attrs["end"], 1, node))
+register("aten::arange.start")(
+    lambda node: _arange_from(node.attrs["start"], node.attrs["end"], 1, node)
+)
+register("aten::arange.start_step")(
+    lambda node: _arange_from(node.attrs["start"], node.attrs["end"], node.attrs["step"], node)
+)
 
 
 @register("aten::eye.default", "aten::eye.m")
@@ -304,8 +302,3 @@ def _logspace(node):
     a = node.attrs
     exponents = _spaced(float(a["start"]), float(a["end"]), a["steps"])
     return jnp.power(float(a["base"]), jnp.asarray(exponents)).astype(out_dtype(node))
-
-
-@register("ir::iota")
-def _iota(node):
-    return lax.broadcasted_iota(out_dtype(node), out_dims(node), node.attrs.get("dimension", 0))

@@ -91,13 +91,27 @@ def _lg(n: int) -> int:
 # values are those of the C++ code run on that row alone.
 
 
+_GATHER = lax.GatherDimensionNumbers(
+    offset_dims=(), collapsed_slice_dims=(1,), start_index_map=(1,),
+    operand_batching_dims=(0,), start_indices_batching_dims=(0,),
+)
+_SCATTER = lax.ScatterDimensionNumbers(
+    update_window_dims=(), inserted_window_dims=(1,), scatter_dims_to_operand_dims=(1,),
+    operand_batching_dims=(0,), scatter_indices_batching_dims=(0,),
+)
+
+
 def _get(a, i):
-    return jnp.take_along_axis(a, jnp.clip(i, 0, a.shape[1] - 1)[:, None], axis=1)[:, 0]
+    """``a[r, i[r]]`` for every row ``r`` (an index out of range is clamped)."""
+    return lax.gather(a, i[:, None], _GATHER, slice_sizes=(1, 1),
+                      mode=lax.GatherScatterMode.CLIP)
 
 
 def _put(a, i, v, on):
-    rows = jnp.arange(a.shape[0])
-    return a.at[rows, jnp.where(on, i, a.shape[1])].set(v.astype(a.dtype), mode="drop")
+    """``a[r, i[r]] = v[r]`` for the rows ``r`` where ``on``."""
+    j = jnp.where(on, i, a.shape[1])[:, None]
+    return lax.scatter(a, j, v.astype(a.dtype), _SCATTER, indices_are_sorted=True,
+                       unique_indices=True, mode=lax.GatherScatterMode.FILL_OR_DROP)
 
 
 def _cdiv2(a):
@@ -196,44 +210,45 @@ class _Machine:
         hole = jnp.where(tail, sc - 1, hole)
         return self.push_heap(K, P, first, hole, top, kv, pv, on)
 
-    def make_heap(self, K, P, first, last, on):
-        ln = last - first
-        on = on & (ln >= 2)
+    def heap(self, K, P, first, middle, last, on, sort: bool):
+        """``std::__heap_select(first, middle, last)``, then with ``sort``
+        ``std::__sort_heap(first, middle)``: one loop, one ``__adjust_heap`` per step.
+
+        Phase 0 builds the heap (``__make_heap``: a parent a step, from the last down to 0),
+        phase 1 pops the heap's top for each element of [middle, last) below it
+        (``__pop_heap``), phase 2 sorts the heap (a ``__pop_heap`` a step)."""
+        comp = self.comp
+        ln = middle - first
+        heap0 = ln >= 2
+
+        def cond(s):
+            _, _, phase, c = s
+            return on & (((phase == 0) & (c >= 0)) | ((phase == 1) & (c < last))
+                         | ((phase == 2) & (c - first > 1)))
 
         def body(s, run):
-            K, P, parent = s
-            kv, pv = _get(K, first + parent), _get(P, first + parent)
-            K, P = self.adjust_heap(K, P, first, parent, ln, kv, pv, run)
-            return K, P, jnp.where(run, parent - 1, parent)
+            K, P, phase, c = s
+            p0, p1, p2 = run & (phase == 0), run & (phase == 1), run & (phase == 2)
+            hit = p1 & comp(_get(K, c), _get(K, first))
+            end = jnp.where(p2, c - 1, c)  # phase 2: the heap's new end, where its top goes
+            src = jnp.where(p0, first + c, end)  # the value that sifts down
+            kv, pv = _get(K, src), _get(P, src)
+            K, P = self.move(K, P, end, first, hit | p2)
+            hole = jnp.where(p0, c, 0)
+            size = jnp.where(p2, end - first, ln)
+            K, P = self.adjust_heap(K, P, first, hole, size, kv, pv, p0 | hit | p2)
+            c = jnp.where(p0 | p1, c + jnp.where(p0, -1, 1), end)
+            # Phase changes: 0 -> 1 past the first parent, 1 -> 2 (or done) past ``last``.
+            to1 = p0 & (c < 0)
+            phase = jnp.where(to1, 1, phase)
+            c = jnp.where(to1, middle, c)
+            to2 = run & (phase == 1) & (c >= last)
+            phase = jnp.where(to2, 2 if sort else 3, phase)
+            c = jnp.where(to2, middle, c)
+            return K, P, phase, c
 
-        K, P, _ = _loop(lambda s: on & (s[2] >= 0), body, (K, P, _cdiv2(ln - 2)))
-        return K, P
-
-    def pop_heap(self, K, P, first, last, result, on):
-        kv, pv = _get(K, result), _get(P, result)
-        K, P = self.move(K, P, result, first, on)
-        return self.adjust_heap(K, P, first, jnp.zeros_like(first), last - first, kv, pv, on)
-
-    def heap_select(self, K, P, first, middle, last, on):
-        K, P = self.make_heap(K, P, first, middle, on)
-
-        def body(s, run):
-            K, P, i = s
-            hit = run & self.comp(_get(K, i), _get(K, first))
-            K, P = self.pop_heap(K, P, first, middle, i, hit)
-            return K, P, jnp.where(run, i + 1, i)
-
-        K, P, _ = _loop(lambda s: on & (s[2] < last), body, (K, P, middle))
-        return K, P
-
-    def sort_heap(self, K, P, first, last, on):
-        def body(s, run):
-            K, P, last = s
-            last = jnp.where(run, last - 1, last)
-            K, P = self.pop_heap(K, P, first, last, last, run)
-            return K, P, last
-
-        K, P, _ = _loop(lambda s: on & (s[2] - first > 1), body, (K, P, last))
+        init = (K, P, jnp.where(heap0, 0, 1).astype(_I32), jnp.where(heap0, _cdiv2(ln - 2), middle))
+        K, P, _, _ = _loop(cond, body, init)
         return K, P
 
     # -- insertion sort (std::__insertion_sort; ``final``: std::__final_insertion_sort)
@@ -280,8 +295,7 @@ class _Machine:
                 f, l, d = top[:, 0], top[:, 1], top[:, 2]
                 big = run & (l - f > 16)
                 heap, part = big & (d == 0), big & (d > 0)
-                K, P = self.heap_select(K, P, f, l, l, heap)
-                K, P = self.sort_heap(K, P, f, l, heap)
+                K, P = self.heap(K, P, f, l, l, heap, sort=True)
                 K, P, cut = self.partition_pivot(K, P, f, l, part)
                 for lo, hi in ((cut, l), (f, cut)):
                     entry = jnp.stack([lo, hi, d - 1], axis=1)
@@ -303,7 +317,7 @@ class _Machine:
         def body(s, run):
             K, P, f, l, depth, done = s
             h = run & (depth == 0)
-            K, P = self.heap_select(K, P, f, nth + 1, l, h)
+            K, P = self.heap(K, P, f, nth + 1, l, h, sort=False)
             K, P = self.swap(K, P, f, nth, h)
             p = run & ~h
             K, P, cut = self.partition_pivot(K, P, f, l, p)
@@ -320,8 +334,7 @@ class _Machine:
         rows, n = K.shape
         zero = jnp.zeros((rows,), _I32)
         on = jnp.ones((rows,), bool)
-        K, P = self.heap_select(K, P, zero, zero + k, zero + n, on)
-        return self.sort_heap(K, P, zero, zero + k, on)
+        return self.heap(K, P, zero, zero + k, zero + n, on, sort=True)
 
     def quick_select(self, K, P, k):
         """torch's ``quick_select_template`` (kthvalue): ``comp`` is its ``gt_or_nan``."""
