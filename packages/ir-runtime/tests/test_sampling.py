@@ -156,14 +156,23 @@ def test_interpolate_antialias(mode, align_corners, how):
 
 
 def test_interpolate_same_size_with_scale():
-    """torch copies when the size does not change, whatever scale it is given."""
+    """torch copies an axis whose size does not change, whatever scale it is given (linear,
+    antialiased, nearest; not nearest-exact, and bicubic only in its backward)."""
     x = rnd(1, 2, 5, 5)
-    for op in (aten.upsample_bilinear2d.default, aten.upsample_bicubic2d.default):
+    for op in (
+        aten.upsample_bilinear2d.default,
+        aten.upsample_bicubic2d.default,
+        aten._upsample_bilinear2d_aa.default,
+        aten._upsample_bicubic2d_aa.default,
+    ):
         compare(lambda v, op=op: op(v, [5, 5], False, 1.1, 1.1), x)
+        compare(lambda v, op=op: op(v, [5, 7], False, 1.1, 1.4), x)
+    compare(lambda v: aten.upsample_linear1d.default(v, [5], False, 1.2), x[0])
+    compare(lambda v: aten.upsample_trilinear3d.default(v, [5, 5, 4], False, 1.1, 1.2, 0.9),
+            x[None])
     compare(lambda v: aten.upsample_nearest2d.default(v, [5, 5], 1.3, 1.3), x)
     compare(lambda v: aten.upsample_nearest2d.default(v, [10, 10], 1.3, 1.3), x)
     compare(lambda v: aten._upsample_nearest_exact2d.default(v, [5, 5], 1.3, 1.3), x)
-    compare(lambda v: aten._upsample_bilinear2d_aa.default(v, [5, 5], False, 1.1, 1.1), x)
 
 
 def test_interpolate_dtypes():

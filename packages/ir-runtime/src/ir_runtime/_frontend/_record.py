@@ -166,6 +166,19 @@ def scalar_leaf(value, dtype: str) -> Value:
 
 _META: dict = {}
 
+# Output shapes of the ATen ops torch has no meta kernel for, from meta tensors like the inputs.
+_NO_META = {
+    torch.ops.aten.fractional_max_pool3d_backward.default: (
+        lambda grad, x, *rest: torch.empty_like(x)
+    ),
+    torch.ops.aten.geqrf.default: (
+        lambda x: (
+            torch.empty_like(x),
+            x.new_empty((*x.shape[:-2], min(x.shape[-2], x.shape[-1]))),
+        )
+    ),
+}
+
 
 def _meta_arg(v):
     if isinstance(v, torch.Tensor):
@@ -184,7 +197,11 @@ def infer(func, key, args, kwargs):
     meta_kwargs = {k: _meta_arg(v) for k, v in kwargs.items()}
     if "device" in meta_kwargs:  # a factory: build it on meta, not on the lazy device again
         meta_kwargs["device"] = "meta"
-    out = func(*_meta_arg(list(args)), **meta_kwargs)
+    shapes = _NO_META.get(func)
+    if shapes is not None:
+        out = shapes(*_meta_arg(list(args)), **meta_kwargs)
+    else:
+        out = func(*_meta_arg(list(args)), **meta_kwargs)
     if isinstance(out, torch.Tensor):
         # The output's dims and torch dtype ride along: tracing's fast path builds the wrapper
         # from them directly (the keyword arguments of _make_wrapper_subclass, made once).

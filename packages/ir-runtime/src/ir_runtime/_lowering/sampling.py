@@ -114,9 +114,10 @@ def _aa_filter_cubic(x):
     return np.where(x < 1, _cc1(x, a), np.where(x < 2, _cc2(x, a), 0))
 
 
-def _taps(kind: str, n_in: int, n_out: int, align: bool, scale, ft):
+def _taps(kind: str, n_in: int, n_out: int, align: bool, scale, ft, forward: bool):
     """(indices [n_out, K], weights [n_out, K] or None) of output positions along one axis,
-    as torch's CPU kernels compute them."""
+    as torch's CPU kernels compute them (for the forward op, or for the backward op's
+    transpose where torch's two kernels differ)."""
     out = np.arange(n_out)
     if kind == "nearest":
         if n_out == n_in:
@@ -133,8 +134,11 @@ def _taps(kind: str, n_in: int, n_out: int, align: bool, scale, ft):
         prod = ((out + 0.5) * np.float64(s)).astype(np.float32)
         idx = np.minimum(np.floor(prod).astype(np.int64), n_in - 1)
         return idx[:, None], None
-    if kind in ("linear", "cubic") and n_out == n_in:
-        return out[:, None], None  # torch copies when the size does not change
+    if n_out == n_in and (kind == "linear" or (forward and kind in ("aa_linear", "aa_cubic"))):
+        # torch copies an axis whose size does not change, whatever scale it is given: linear
+        # modes both ways, antialiased ones only forward (their backward applies the scale);
+        # bicubic's forward never does (its backward does: see the backward rule).
+        return out[:, None], None
     s = _area_scale(n_in, n_out, align, scale, ft)
     if kind == "linear":
         idx0, lam = _guard(_source_index(s, n_out, align, False, ft), n_in, ft)
@@ -177,7 +181,7 @@ def _apply_taps(y, axis: int, idx, w):
     return out
 
 
-def _resample(kind: str, x, out_sizes, align: bool, scales, op: str):
+def _resample(kind: str, x, out_sizes, align: bool, scales, op: str, forward: bool = True):
     """x [N, C, *spatial] resampled to ``out_sizes`` one spatial axis at a time."""
     n = len(out_sizes)
     if kind not in ("nearest", "nearest_exact"):
@@ -186,7 +190,7 @@ def _resample(kind: str, x, out_sizes, align: bool, scales, op: str):
     ft = np.dtype(_compute_dtype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else "f4")
     for a in range(n):
         axis = x.ndim - n + a
-        idx, w = _taps(kind, x.shape[axis], out_sizes[a], align, scales[a], ft.type)
+        idx, w = _taps(kind, x.shape[axis], out_sizes[a], align, scales[a], ft.type, forward)
         x = _apply_taps(x, axis, idx, w)
     return x
 
@@ -211,8 +215,14 @@ def _upsample_rules(kind: str, forward: str, backward: str, n: int, has_align: b
     def rule_backward(node, grad):
         size, align, scales = attrs(node)
         ct = _compute_dtype(grad.dtype)
+        if kind == "cubic" and tuple(node.attrs["input_size"][2:]) == size:
+            # torch's bicubic backward copies when no size changes, though its forward still
+            # applies a given scale there: the gradient torch gives.
+            return grad.astype(out_dtype(node))
         primal = jnp.zeros(tuple(node.attrs["input_size"]), ct)
-        _, vjp = jax.vjp(lambda v: _resample(kind, v, size, align, scales, backward), primal)
+        _, vjp = jax.vjp(
+            lambda v: _resample(kind, v, size, align, scales, backward, False), primal
+        )
         return vjp(grad.astype(ct))[0].astype(out_dtype(node))
 
     return rule, rule_backward

@@ -563,6 +563,14 @@ _IGAM_D = (
 
 # -- the gamma family ----------------------------------------------------------------------
 
+def _lgamma(x):
+    """log|gamma(x)|; float32 through float64 (jax's float32 gammaln is off by ~5e-7 near its
+    zeros at 1 and 2, where torch's lgammaf gives 0)."""
+    if x.dtype == np.float64:
+        return jss.gammaln(x)
+    return jss.gammaln(x.astype(np.float64)).astype(x.dtype)
+
+
 _PSI_10 = 2.25175258906672110764
 _DIGAMMA_A = (
     8.33333333333333333333e-2,
@@ -631,13 +639,13 @@ _ZETA_A = (
 _MACHEP = 1.11022302462515654042e-16
 
 
-def _zeta(x, q):
+def _zeta(x, q, first=None):
     """torch's Hurwitz zeta (Cephes): direct summation until ``q + i > 9`` (at least nine
     terms) or convergence, then the Euler-Maclaurin tail. inf at x == 1 and at non-positive
     integer q; NaN for x < 1, and for q < 0 with x not an integer."""
     dt = x.dtype
     machep = jnp.asarray(_MACHEP, dt)
-    s0 = jnp.power(q, -x)
+    s0 = jnp.power(q, -x) if first is None else first
     zeros = jnp.zeros_like(x)
     # Elements answered by their edge value take no part in the loops (a safe q for them).
     edge = (x == 1) | (x < 1) | ((q <= 0) & ((q == jnp.floor(q)) | (x != jnp.floor(x))))
@@ -688,11 +696,21 @@ def _zeta(x, q):
     return jnp.where(x == 1, inf, out)
 
 
-def _zeta_acc(x, q):
+def _zeta64(x, q):
     """zeta summed in float64 whatever the dtype, as torch's CPU kernel does (its acc_type):
-    for q < 0 the sum cancels far below float32's precision (polygamma of negative x)."""
-    dt = x.dtype
-    return _zeta(x.astype(np.float64), q.astype(np.float64)).astype(dt)
+    for q < 0 the sum cancels far below float32's precision (polygamma of negative x). Its
+    first term, q**-x, torch computes in the input dtype (std::pow of two floats): rounded
+    to it here (in its normal range: XLA would flush a subnormal to zero)."""
+    x64, q64 = x.astype(np.float64), q.astype(np.float64)
+    first = jnp.power(q64, -x64)
+    if x.dtype != np.float64:
+        rounded = first.astype(x.dtype).astype(np.float64)
+        first = jnp.where(jnp.abs(first) >= float(np.finfo(x.dtype).tiny), rounded, first)
+    return _zeta(x64, q64, first)
+
+
+def _zeta_acc(x, q):
+    return _zeta64(x, q).astype(x.dtype)
 
 
 def _polygamma(n: int, x):
@@ -700,11 +718,19 @@ def _polygamma(n: int, x):
         return _digamma(x)
     if n == 1:
         return _trigamma(x)
-    # torch's calc_polygamma: (-1)^(n+1) n! zeta(n+1, x), n! as exp(lgamma(n+1)).
+    # torch's calc_polygamma: (-1)^(n+1) n! zeta(n+1, x), n! as exp(lgamma(n+1)) in the
+    # dtype (inf beyond its range: then inf times a tiny zeta is inf, as in torch, so the
+    # product is taken in float64, where that zeta is not flushed to zero).
     dt = x.dtype
     sign = 1.0 if n % 2 else -1.0
-    factorial = jnp.exp(jss.gammaln(jnp.asarray(n + 1.0, dt)))
-    return sign * factorial * _zeta_acc(jnp.full_like(x, n + 1.0), x)
+    big = n > 170 or math.factorial(n) > float(np.finfo(dt).max)
+    factorial = np.inf if big else float(np.asarray(float(math.factorial(n)), dt))
+    z = _zeta64(jnp.full_like(x, n + 1.0), x)
+    out = sign * factorial * z
+    if big:  # a zeta that rounds to 0 in the dtype: inf * 0
+        underflow = jnp.abs(z) <= float(np.finfo(dt).smallest_subnormal) / 2
+        out = jnp.where(underflow, np.nan, out)
+    return _cast(out, dt)
 
 
 @register("aten::polygamma.default")
@@ -718,9 +744,8 @@ def _polygamma_rule(node, x):
 
 @register("aten::mvlgamma.default")
 def _mvlgamma(node, x):
-    """sum_j lgamma(x - j/2) + p(p-1)/4 log(pi). torch refuses (an error, after reading the
-    data) any element <= (p-1)/2; the lazy device cannot raise on a value it has not read, so
-    those elements are NaN (never a plausible number)."""
+    """sum_j lgamma(x - j/2) + p(p-1)/4 log(pi), over the whole real line as torch computes
+    it (no domain check: x <= (p-1)/2 gives lgamma's values there)."""
     p = node.attrs["p"]
     if p < 1:
         raise ValueError(f"mvlgamma: p must be at least 1, got {p}")
@@ -728,10 +753,9 @@ def _mvlgamma(node, x):
     x = _cast(x, _work(dt))
     total = None
     for j in range(p):  # torch's order: x - (p-1)/2, ..., x - 1/2, x
-        term = jss.gammaln(x + (-0.5 * (p - 1) + 0.5 * j))
+        term = _lgamma(x + (-0.5 * (p - 1) + 0.5 * j))
         total = term if total is None else total + term
     total = total + p * (p - 1) * math.log(math.pi) / 4
-    total = jnp.where(x > 0.5 * (p - 1), total, jnp.asarray(np.nan, x.dtype))
     return _cast(total, dt)
 
 
@@ -781,7 +805,7 @@ def _lanczos_sum_expg_scaled(x):
 def _igam_fac(a, x, c):
     """x^a exp(-x) / gamma(a), carefully."""
     dt = a.dtype
-    ax = a * jnp.log(x) - x - jss.gammaln(a)
+    ax = a * jnp.log(x) - x - _lgamma(a)
     direct = jnp.where(ax < -c["maxlog"], jnp.zeros((), dt), jnp.exp(ax))
     fac = a + _LANCZOS_G - 0.5
     res = jnp.sqrt(fac / math.e) / _lanczos_sum_expg_scaled(a)
@@ -831,8 +855,8 @@ def _igamc_series(a, x, mask, c):
     state = (one, jnp.ones_like(a), jnp.zeros_like(a), mask)
     _, _, total, _ = lax.while_loop(cond, body, state)
     logx = jnp.log(x)
-    term = -jnp.expm1(a * logx - jss.gammaln(1 + a))
-    return term - jnp.exp(a * logx - jss.gammaln(a)) * total
+    term = -jnp.expm1(a * logx - _lgamma(1 + a))
+    return term - jnp.exp(a * logx - _lgamma(a)) * total
 
 
 def _igamc_continued_fraction(a, x, mask, c):
@@ -1650,7 +1674,7 @@ for _name, _fn in _POLYNOMIALS.items():
 # -- unary functions -----------------------------------------------------------------------
 
 _UNARY = {
-    "lgamma": jss.gammaln,
+    "lgamma": _lgamma,
     "digamma": _digamma,
     "erfc": jss.erfc,
     "i0": jss.i0,
