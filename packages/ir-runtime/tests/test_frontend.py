@@ -602,3 +602,20 @@ def test_reductions_and_indexing_take_dim_0_and_minus_1_on_0_d_tensors(op):
     out = irt.to_torch(got)
     assert out.shape == want.shape and out.dtype == want.dtype
     torch.testing.assert_close(out, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_python_numbers_are_lifted_in_the_tensors_precision(dtype):
+    """A complex number has no attribute encoding: it is a lifted leaf, complex128 beside
+    double precision (and a float beside a complex tensor keeps that precision too)."""
+    x0 = torch.tensor([1 + 2j, 3 - 1j], dtype=dtype)
+    for op in (
+        lambda t: t * 1j,
+        lambda t: t + (2 - 1j),
+        lambda t: torch.mul(t, 0.1),
+        lambda t: torch.add(t, 0.7, alpha=0.3 + 1j),
+        lambda t: t.real * (0.1 + 0.3j),
+    ):
+        got, want = irt.to_torch(op(irt.to_lazy(x0))), op(x0)
+        assert got.dtype == want.dtype
+        assert torch.equal(got, want)

@@ -106,7 +106,7 @@ cdef inline bint is_plain(object v):
 
 cdef inline bint is_number(object v):
     t = type(v)
-    return t is float or t is int or t is bool
+    return t is float or t is int or t is bool or t is complex
 
 
 @cython.final
@@ -193,14 +193,18 @@ cdef class Positional:
                 attrs[name] = a
                 part = (name, a)
             elif kind == SCALAR:
-                fd = None
+                leaf = None
                 if self.lift and type(v) is float and v not in SPECIAL:
                     fd = float_dtype(args)
-                if fd is not None:
+                    if fd is not None:
+                        leaf = scalar_leaf(v, fd)
+                elif type(v) is complex:  # no attribute encoding: always a lifted leaf
+                    leaf = number_leaf(v, args)
+                if leaf is not None:
                     if lifted_names is None:
                         lifted_names, lifted_leaves = [], []
                     lifted_names.append(name)
-                    lifted_leaves.append(scalar_leaf(v, fd))
+                    lifted_leaves.append(leaf)
                     part = name
                 else:
                     a = v if is_plain(v) else attr_value(v)

@@ -137,6 +137,8 @@ def _number_dtype(value, float_dtype):
         return "bool"
     if isinstance(value, int):
         return "int64"
+    if isinstance(value, complex):  # the complex type of the op's float precision
+        return "complex128" if float_dtype in ("float64", "complex128") else "complex64"
     return float_dtype
 
 
@@ -219,7 +221,7 @@ def infer(func, key, args, kwargs):
 
 
 _FLOATS = frozenset(("float16", "bfloat16", "float32", "float64"))
-_NUMBERS = (float, int, bool)
+_NUMBERS = (float, int, bool, complex)
 _PLAIN = frozenset((type(None), bool, int, float, str))  # attributes that are their own value
 _NUMBER_LEAVES: dict = {}
 
@@ -241,15 +243,22 @@ def number_leaf(v, args) -> Value:
 
 
 def _float_dtype(args):
-    """The dtype of the op's first floating tensor argument: lifted scalars take it."""
+    """The precision of the op's first floating (or complex) tensor argument, as a float dtype:
+    lifted scalars take it (complex ones its complex type)."""
     for a in args:
         ir = getattr(a, "_ir", None)  # a lazy tensor, without torch's slow isinstance
         if ir is not None:
-            if ir.shape.dtype in _FLOATS:
-                return ir.shape.dtype
-        elif isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
-            return ir_dtype(a.dtype)
+            d = ir.shape.dtype
+            if d in _FLOATS:
+                return d
+            if d in _COMPLEX_PRECISION:
+                return _COMPLEX_PRECISION[d]
+        elif isinstance(a, torch.Tensor) and (a.dtype.is_floating_point or a.is_complex()):
+            return ir_dtype(a.dtype.to_real())
     return None
+
+
+_COMPLEX_PRECISION = {"complex64": "float32", "complex128": "float64"}
 
 
 def prepare(plan: Plan, args, kwargs, as_value):
@@ -342,10 +351,10 @@ def _argument(name: str, kind: int, keep: str) -> list[str]:
         ],
         SCALAR: [
             "fd = float_dtype(args) if LIFT and type(v) is float and v not in SPECIAL else None",
-            "if fd is not None:",
+            "if fd is not None or type(v) is complex:",  # complex: no attribute encoding
             "    lifted = lifted or ([], [])",
             f"    lifted[0].append({name!r})",
-            "    lifted[1].append(scalar_leaf(v, fd))",
+            "    lifted[1].append(number_leaf(v, args) if fd is None else scalar_leaf(v, fd))",
             "    " + keep.format(repr(name)),
             "else:",
             "    a = v if type(v) in PLAIN else attr_value(v)",

@@ -195,7 +195,11 @@ def _resample(kind: str, x, out_sizes, align: bool, scales, op: str, forward: bo
     return x
 
 
-_SCALE_NAMES = {1: ("scales",), 2: ("scales_h", "scales_w"), 3: ("scales_d", "scales_h", "scales_w")}
+_SCALE_NAMES = {
+    1: ("scales",),
+    2: ("scales_h", "scales_w"),
+    3: ("scales_d", "scales_h", "scales_w"),
+}
 
 
 def _upsample_rules(kind: str, forward: str, backward: str, n: int, has_align: bool):
@@ -444,17 +448,23 @@ def _embedding_bag(node, weight, indices, offsets, per_sample_weights):
         out = jax.ops.segment_sum(rows * scale[:, None], bag, num_segments=num_bags)
         if mode == _MEAN:
             out = out / jnp.where(count == 0, 1, count).astype(dt)[:, None]
-    # The auxiliary outputs, in the shapes torch's meta kernel gives: offset2bag (empty on
-    # torch's fast sum path), bag_size (zeros in sum mode), max_indices (the bag sizes in mean
-    # mode, zeros or empty in sum mode).
-    aux = [bag, count if mode != _SUM else None, max_indices if mode == _MAX else None]
-    if mode == _MEAN:
-        aux[2] = count
+    # The auxiliary outputs as torch's CPU kernel fills them (offset2bag: each index's bag;
+    # bag_size: non-padding indices a bag, zeros in sum mode; max_indices: the argmax rows in
+    # max mode, the bag sizes in mean mode, zeros in sum mode), in the shapes torch's meta
+    # kernel gives, which are not always the CPU kernel's: offset2bag is never empty there,
+    # bag_size has one entry an offset (one more than the bags with include_last_offset: the
+    # last is 0 here) and max_indices is empty outside max mode.
+    aux = [bag, count if mode != _SUM else jnp.zeros_like(count), count]
+    if mode == _MAX:
+        aux[2] = max_indices
     outs = [out.astype(dt)]
     for k, value in enumerate(aux, 1):
         dims = node.shapes[k].dims
-        if value is None or value.shape != dims:
-            value = jnp.zeros(dims, out_dtype(node, k))
+        if value.shape != dims:
+            if value.ndim != 1 or len(dims) != 1:
+                raise ValueError(f"_embedding_bag: output {k} has shape {dims}, not {value.shape}")
+            value = value[: dims[0]]
+            value = jnp.pad(value, (0, dims[0] - value.shape[0]))
         outs.append(value.astype(out_dtype(node, k)))
     return tuple(outs)
 
@@ -465,7 +475,7 @@ def _bag_weight_grad(node, grad, indices, bag, bag_size, max_indices, per_sample
     dt = out_dtype(node)
     g = grad.astype(dt)
     if mode == _MAX:
-        nonempty = (bag_size != 0)[:, None]
+        nonempty = (bag_size[: g.shape[0]] != 0)[:, None]
         cols = jnp.broadcast_to(jnp.arange(g.shape[1])[None, :], max_indices.shape)
         return (
             jnp.zeros((num_weights, g.shape[1]), dt)
@@ -478,7 +488,7 @@ def _bag_weight_grad(node, grad, indices, bag, bag_size, max_indices, per_sample
         counts = jnp.zeros((num_weights,), dt).at[indices].add(1)
         scale = scale / jnp.take(counts, indices, mode="clip")
     if mode == _MEAN:
-        size = jnp.take(bag_size, bag, mode="clip").astype(dt)
+        size = jnp.take(bag_size[: g.shape[0]], bag, mode="clip").astype(dt)
         scale = scale / jnp.where(size == 0, 1, size)
     if per_sample_weights is not None:
         scale = scale * per_sample_weights.astype(dt)
@@ -835,7 +845,8 @@ def _ctc_loss_backward(node, grad, log_probs, targets, nll, log_alpha):
     cls = jnp.broadcast_to(c.lprime[None], (T, N, S))
     mx = jnp.full((T, N, C), _NEG_INF, c.ct).at[t_idx, n_idx, cls].max(ab)
     mx = jnp.where(jnp.isfinite(mx), mx, jnp.zeros((), c.ct))
-    total = jnp.zeros((T, N, C), c.ct).at[t_idx, n_idx, cls].add(jnp.exp(ab - mx[t_idx, n_idx, cls]))
+    share = jnp.exp(ab - mx[t_idx, n_idx, cls])
+    total = jnp.zeros((T, N, C), c.ct).at[t_idx, n_idx, cls].add(share)
     lcab = jnp.log(total) + mx
     nll_b = nll.astype(c.ct)[None, :, None]
     g = (jnp.exp(c.lp) - jnp.exp(lcab + nll_b - c.lp)) * grad.astype(c.ct)[None, :, None]

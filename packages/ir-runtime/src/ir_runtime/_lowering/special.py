@@ -749,6 +749,8 @@ def _mvlgamma(node, x):
     p = node.attrs["p"]
     if p < 1:
         raise ValueError(f"mvlgamma: p must be at least 1, got {p}")
+    if x.dtype == np.bool_:
+        raise ValueError("mvlgamma: the input tensor may not be a boolean tensor (as torch)")
     dt = out_dtype(node)
     x = _cast(x, _work(dt))
     total = None
