@@ -20,6 +20,7 @@ import ir_runtime as irt
 import opinfo
 from ir_runtime import _compile, _schema
 from opinfo_known_failures import KNOWN_FAILURES
+from test_rules import OUTSIDE_OPINFO as OUTSIDE
 
 SAMPLES = 3  # the first three samples of each op, as the coverage figures are measured
 
@@ -77,8 +78,8 @@ def test_known_failures_name_real_ops():
 # Rules that OpInfo's float32 samples do not reach, with the test (module.function, in this
 # directory) that checks each against eager.
 CHECKED_ELSEWHERE = {
-    "ir::random_uniform": "test_rules.test_random_samplers_follow_their_distributions",
-    "ir::random_normal": "test_rules.test_random_samplers_follow_their_distributions",
+    **{f"aten::{name}": "test_rules.test_overloads_outside_opinfos_samples" for name in OUTSIDE},
+    "ir::random_permutation": "test_rules.test_randperm_is_a_permutation_and_draws_follow_the_seed",
 }
 
 

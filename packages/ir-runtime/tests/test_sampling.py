@@ -318,6 +318,22 @@ def test_embedding_bag_max_ties_and_all_padding():
     compare(lambda w: F.embedding_bag(idx, w, offsets, mode="max", padding_idx=3), weight)
 
 
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_embedding_bag_dense_backward(mode):
+    """The dense backward op called directly, with torch's own forward's auxiliary outputs."""
+    weight = rnd(10, 3)
+    _, offset2bag, bag_size, max_indices = aten._embedding_bag.default(
+        weight, INDICES, OFFSETS, False, mode, False, None, False, 4
+    )
+    if offset2bag.numel() == 0:  # torch's fast sum path: give it the bags
+        offset2bag = torch.tensor([0, 0, 0, 0, 2, 2, 3, 3, 3, 3])
+    grad = rnd(4, 3, seed=5)
+    args = (grad, INDICES, offset2bag, bag_size, max_indices, 10, False, mode, None, 4)
+    want = aten._embedding_bag_dense_backward.default(*args)
+    got = aten._embedding_bag_dense_backward.default(*map(_lazy, args))
+    _same(got, want, 1e-5, 1e-5, "gradient")
+
+
 @pytest.mark.parametrize("include_last_offset", [False, True])
 def test_embedding_bag_aux_outputs(include_last_offset):
     """torch.embedding_bag's other outputs (offset2bag, bag_size, max_indices), wherever
@@ -422,6 +438,17 @@ def test_ctc_loss_concatenated_targets_and_blank():
     compare(
         lambda v: F.ctc_loss(v, targets, [7, 5, 6], [3, 1, 2], blank=3, reduction="sum"), lp
     )
+
+
+def test_ctc_loss_empty_targets_and_short_inputs():
+    lp = _log_probs(4, 3, 3, seed=4)
+    compare(lambda v: F.ctc_loss(v, torch.zeros(3, 0, dtype=torch.long), [4, 1, 2], [0, 0, 0],
+                                 reduction="none"), lp)
+    # An input of length 0: loss 0 for an empty target, inf (or 0 with zero_infinity) else.
+    targets = torch.tensor([[1, 2], [2, 2], [1, 1]])
+    for zero_infinity in (False, True):
+        compare(lambda v, z=zero_infinity: F.ctc_loss(v, targets, [0, 4, 1], [0, 2, 1],
+                                                      reduction="none", zero_infinity=z), lp)
 
 
 def test_ctc_loss_raw_outputs():

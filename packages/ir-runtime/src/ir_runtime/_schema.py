@@ -44,6 +44,17 @@ def overload(op: str):
     return found if isinstance(found, torch._ops.OpOverload) else None
 
 
+def recordable(op: str) -> bool:
+    """Whether ``op`` names an ATen overload that returns tensors: only those reach the lazy
+    tensor's dispatch (``add.default`` adds two numbers, ``eq.default`` compares them)."""
+    found = overload(op)
+    return found is not None and any(
+        isinstance(r.type, torch.TensorType)
+        or (isinstance(r.type, torch.ListType) and isinstance(r.type.getElementType(), torch.TensorType))
+        for r in found._schema.returns
+    )
+
+
 class Operands:
     """Splits a node's operands back into its schema's tensor arguments: a tensor, an optional
     tensor (None when it was None: then it is an attribute set to None), or a list of tensors

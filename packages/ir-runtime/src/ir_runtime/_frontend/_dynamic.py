@@ -169,3 +169,22 @@ def _linalg_check_errors(func, args, kwargs):
     Cholesky, so the lazy device does as torch_xla does and does not check: such a matrix
     gives what XLA computes (inf or NaN). The ``_ex`` variants return ``info`` to check."""
     return None
+
+
+@special(aten._ctc_loss.Tensor, aten._ctc_loss_backward.Tensor)
+def _ctc_loss_lengths(func, args, kwargs):
+    """CTC loss with its lengths as tensors: the lengths decide the shape of ``log_alpha``, so
+    they are read (as eager's CPU kernel copies them to the host) and the int-list overload is
+    recorded."""
+    from ir_runtime._frontend._rng import bound
+    from ir_runtime._frontend._step import to_torch
+    from ir_runtime._frontend._tensor import dispatch
+
+    _sync(func._schema.name)
+    b = bound(func, args, kwargs)
+    for k in ("input_lengths", "target_lengths"):
+        v = b[k]
+        b[k] = (to_torch(v) if isinstance(v, LazyTensor) else v).tolist()
+    target = aten._ctc_loss.default if func is aten._ctc_loss.Tensor else aten._ctc_loss_backward.default
+    names = [a.name for a in target._schema.arguments]
+    return dispatch(target, [b[n] for n in names if n in b], {})

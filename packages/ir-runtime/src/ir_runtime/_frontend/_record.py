@@ -168,16 +168,44 @@ def scalar_leaf(value, dtype: str) -> Value:
 
 _META: dict = {}
 
-# Output shapes of the ATen ops torch has no meta kernel for, from meta tensors like the inputs.
+def _like(k: int):
+    return lambda *args, **kwargs: torch.empty_like(args[k])
+
+
+def _margin_loss(func):
+    """torch's meta kernel gives a 1-D input's unreduced loss shape [1]; CPU gives []."""
+
+    names = [a.name for a in func._schema.arguments]
+    (reduction,) = [a for a in func._schema.arguments if a.name == "reduction"]
+    default = reduction.default_value if reduction.has_default_value() else None
+
+    def shapes(x, *args, **kwargs):
+        out = func(x, *args, **kwargs)
+        given = dict(zip(names[1:], args, strict=False)) | kwargs
+        if x.dim() == 1 and given.get("reduction", default) == 0:
+            first = out[0] if isinstance(out, tuple) else out
+            squeezed = first.new_empty(())
+            return (squeezed, *out[1:]) if isinstance(out, tuple) else squeezed
+        return out
+
+    return shapes
+
+
+_aten = torch.ops.aten
+# Output shapes (as meta tensors) of the ATen ops torch has no meta kernel for, or whose meta
+# kernel disagrees with the CPU kernel; the rest come from torch's meta kernels.
 _NO_META = {
-    torch.ops.aten.fractional_max_pool3d_backward.default: (
-        lambda grad, x, *rest: torch.empty_like(x)
+    _aten.fractional_max_pool3d_backward.default: _like(1),
+    _aten._ctc_loss_backward.default: _like(1),
+    _aten.multi_margin_loss_backward.default: _like(1),
+    _aten.multilabel_margin_loss_backward.default: _like(1),
+    _aten.geqrf.default: lambda x: (
+        torch.empty_like(x),
+        x.new_empty((*x.shape[:-2], min(x.shape[-2], x.shape[-1]))),
     ),
-    torch.ops.aten.geqrf.default: (
-        lambda x: (
-            torch.empty_like(x),
-            x.new_empty((*x.shape[:-2], min(x.shape[-2], x.shape[-1]))),
-        )
+    _aten.multi_margin_loss.default: _margin_loss(_aten.multi_margin_loss.default),
+    _aten.multilabel_margin_loss_forward.default: _margin_loss(
+        _aten.multilabel_margin_loss_forward.default
     ),
 }
 

@@ -31,10 +31,11 @@ def register(*ops: str):
         for op in ops:
             if op in RULES:
                 raise ValueError(f"{op!r} already has a lowering rule ({RULES[op].__qualname__})")
-            if op.startswith("aten::") and _schema.overload(op) is None:
+            if op.startswith("aten::") and not _schema.recordable(op):
                 raise ValueError(
-                    f"{op!r} is not an ATen overload the front end can record: name it "
-                    f"'aten::name.overload' ('.default' for the unnamed overload)"
+                    f"{op!r} is not an ATen overload the front end can record: name a real "
+                    f"one, 'aten::name.overload' ('.default' for the unnamed overload), that "
+                    f"returns tensors"
                 )
         for op in ops:
             RULES[op] = fn
@@ -49,9 +50,9 @@ def register(*ops: str):
 
 
 def existing(*ops: str) -> tuple:
-    """Those of ``ops`` that are ATen overloads (a family registered by a loop: ``maximum``
-    has no ``.Scalar`` overload, ``add`` has no ``.default``)."""
-    return tuple(op for op in ops if _schema.overload(op) is not None)
+    """Those of ``ops`` that the front end can record (a family registered by a loop: ``maximum``
+    has no ``.Scalar`` overload, and ``add.default`` adds two Python numbers)."""
+    return tuple(op for op in ops if _schema.recordable(op))
 
 
 def rule_for(op: str) -> Callable:

@@ -336,14 +336,8 @@ def _where_scalar_self(node, cond, y):
     return jnp.where(cond, scalar(node.attrs["self"], dt), _cast(y, dt))
 
 
-@register(
-    "aten::_to_copy.default",
-    "aten::clone.default",
-    "aten::alias.default",
-    "aten::lift_fresh_copy.default",
-    "aten::contiguous.default",
-    "aten::detach.default",
-)
+# (clone, alias, detach and contiguous never reach a rule: the front end gives the same value.)
+@register("aten::_to_copy.default", "aten::lift_fresh_copy.default")
 def _copy(node, x):
     return _cast(x, out_dtype(node))
 

@@ -38,24 +38,6 @@ def _require_float(x, op: str):
         raise ValueError(f"{op}: input of dtype {x.dtype} is not supported (floating only)")
 
 
-# -- meta kernels torch lacks ---------------------------------------------------------------------
-# The front end infers output shapes from meta kernels; these backward ops have none in torch,
-# and each returns a tensor like one of its inputs. Registered only where torch has no kernel.
-
-_META_LIB = torch.library.Library("aten", "IMPL", "Meta")
-
-
-def _meta_like(op: str, k: int):
-    if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "Meta"):
-        return
-    _META_LIB.impl(op, lambda *args, **kwargs: torch.empty_like(args[k]))
-
-
-_meta_like("_ctc_loss_backward", 1)
-_meta_like("multi_margin_loss_backward", 1)
-_meta_like("multilabel_margin_loss_backward", 1)
-
-
 # -- interpolation ------------------------------------------------------------------------------
 
 
@@ -736,10 +718,9 @@ class _Ctc:
             self.lp, jnp.broadcast_to(lprime[None], (T, N, S)), axis=2
         )  # [T, N, S]
         self.valid_s = jnp.asarray(s[None, :] < 2 * tg_lens[:, None] + 1)  # [N, S]
-        prev2 = jnp.concatenate([jnp.full((N, 2), -1, jnp.int32), lprime[:, :-2]], axis=1)
-        self.skip = jnp.asarray(s >= 2)[None] & (prev2 != lprime)  # l'(s-2) != l'(s)
-        next2 = jnp.concatenate([lprime[:, 2:], jnp.full((N, 2), -1, jnp.int32)], axis=1)
-        self.skip_back = jnp.asarray(s + 2 < S)[None] & (next2 != lprime)
+        # Where alpha may come from s - 2 (l'(s-2) != l'(s)) and beta from s + 2.
+        self.skip = jnp.asarray(s >= 2)[None] & (_shift(lprime, 2, -1) != lprime)
+        self.skip_back = jnp.asarray(s + 2 < S)[None] & (_shift(lprime, -2, -1) != lprime)
         self.T, self.N, self.C, self.S = T, N, C, S
 
     def neg_inf(self, shape):
@@ -755,6 +736,8 @@ def _logadd3(a, b, c):
 
 def _shift(x, k: int, fill):
     """x shifted right (k > 0) or left (k < 0) along its last axis, ``fill`` coming in."""
+    if abs(k) >= x.shape[-1]:
+        return jnp.full(x.shape, fill, x.dtype)
     pad = jnp.full(x.shape[:-1] + (abs(k),), fill, x.dtype)
     if k > 0:
         return jnp.concatenate([pad, x[..., :-k]], axis=-1)

@@ -613,7 +613,7 @@ def _median_all(ignore_nan: bool):
             nans = jnp.sum(jnp.isnan(flat)).astype(_I32)
         else:
             nans = jnp.zeros((), _I32)
-        nth = lax.div(n - nans - 1, 2) if ignore_nan else jnp.asarray((n - 1) // 2, _I32)
+        nth = _cdiv2(n - nans - 1) if ignore_nan else jnp.asarray((n - 1) // 2, _I32)
         value = vals[0, nth]
         if not ignore_nan and _is_float(x):
             value = jnp.where(nans > 0, jnp.asarray(jnp.nan, x.dtype), value)
@@ -733,19 +733,527 @@ register("aten::cummin.default")(_cum_extreme(False))
 # cumprod, logcumsumexp
 
 
+def _acc(dt):
+    """torch CPU's accumulation type for cumulative ops (at::acc_type<T, false>): double for
+    float, float for half and bfloat16."""
+    if dt == jnp.float32:
+        return jnp.float64
+    if dt in (jnp.float16, jnp.bfloat16):
+        return jnp.float32
+    if dt == jnp.complex64:
+        return jnp.complex128
+    return dt
+
+
 @register("aten::cumprod.default")
 def _cumprod(node, x):
-    x = x.astype(out_dtype(node))
+    dt = out_dtype(node)
+    x = x.astype(dt)
     if x.ndim == 0:
         return x
-    return jnp.cumprod(x, axis=norm_dim(node.attrs["dim"], x.ndim))
+    return jnp.cumprod(x.astype(_acc(dt)), axis=norm_dim(node.attrs["dim"], x.ndim)).astype(dt)
 
 
 @register("aten::logcumsumexp.default")
 def _logcumsumexp(node, x):
     if jnp.issubdtype(x.dtype, jnp.complexfloating):
         raise ValueError("logcumsumexp: complex input is not supported on the lazy device")
-    x = x.astype(out_dtype(node))
+    dt = out_dtype(node)
+    x = x.astype(dt)
     if x.ndim == 0 or x.size == 0:
         return x
-    return lax.cumlogsumexp(x, axis=norm_dim(node.attrs["dim"], x.ndim))
+    axis = norm_dim(node.attrs["dim"], x.ndim)
+    return lax.cumlogsumexp(x.astype(_acc(dt)), axis=axis).astype(dt)
+
+
+# --------------------------------------------------------------------------------------------
+# searchsorted, bucketize: torch's binary search, step by step (its path decides where a NaN
+# or an unsorted sequence sends a value, so the steps are replayed, not just the contract).
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    from ir_runtime._dtypes import name_of
+
+    return getattr(torch, name_of(dtype))
+
+
+def _compare_dtype(boundaries, value):
+    """The dtype torch compares in: the result type of the boundaries and the value (a
+    tensor, or a Python number for the Scalar overloads)."""
+    import torch
+
+    from ir_runtime._dtypes import to_numpy_dtype
+    from ir_runtime._frontend._record import ir_dtype
+
+    b = torch.empty((1,) * max(boundaries.ndim, 1), dtype=_torch_dtype(boundaries.dtype),
+                    device="meta")
+    if not isinstance(value, (bool, int, float)):
+        value = torch.empty(value.shape, dtype=_torch_dtype(value.dtype), device="meta")
+    return to_numpy_dtype(ir_dtype(torch.result_type(b, value)))
+
+
+def _binary_search(boundaries, values, right: bool, sorter=None):
+    """torch's ``cus_lower_bound``/``cus_upper_bound``: ``boundaries`` (..., n), 1-D or with
+    the leading dims of ``values`` (..., m); int64 positions shaped like ``values``."""
+    n = boundaries.shape[-1]
+    start = jnp.zeros(values.shape, jnp.int64)
+    end = jnp.full(values.shape, n, jnp.int64)
+    if n == 0:
+        return start
+    nd = boundaries.ndim > 1
+
+    def value_at(mid):
+        pos = mid
+        if sorter is not None:
+            pos = (_take(sorter, mid, -1) if nd else sorter[mid]).astype(jnp.int64)
+        return _take(boundaries, pos, -1) if nd else boundaries[pos]
+
+    for _ in range(n.bit_length()):
+        active = start < end
+        mid = start + ((end - start) >> 1)
+        mv = value_at(jnp.where(active, mid, 0))
+        below = ~(mv > values) if right else ~(mv >= values)
+        start = jnp.where(active & below, mid + 1, start)
+        end = jnp.where(active & ~below, mid, end)
+    return start
+
+
+def _searchsorted(node, seq, values, sorter, scalar):
+    right = node.attrs["right"]
+    side = node.attrs["side"]
+    if side is not None:
+        if side not in ("left", "right"):
+            raise ValueError(f"searchsorted: side={side!r} (expected 'left' or 'right')")
+        if right and side == "left":
+            raise ValueError("searchsorted: side='left' and right=True contradict each other")
+        right = side == "right"
+    dt = _compare_dtype(seq, scalar if scalar is not None else values)
+    if scalar is not None:
+        values = jnp.asarray(values, dt)
+    out = _binary_search(seq.astype(dt), values.astype(dt), right, sorter)
+    return out.astype(out_dtype(node))
+
+
+@register("aten::searchsorted.Tensor")
+def _searchsorted_tensor(node, seq, values, sorter):
+    return _searchsorted(node, seq, values, sorter, None)
+
+
+@register("aten::searchsorted.Scalar")
+def _searchsorted_scalar(node, seq, sorter):
+    v = node.attrs["self"]
+    return _searchsorted(node, seq, v, sorter, v if isinstance(v, (bool, int, float)) else 0.5)
+
+
+def _bucketize(node, values, boundaries, scalar):
+    if boundaries.ndim != 1:
+        raise ValueError(f"bucketize: boundaries must be 1-D (got {boundaries.ndim}-D)")
+    dt = _compare_dtype(boundaries, scalar if scalar is not None else values)
+    out = _binary_search(boundaries.astype(dt), jnp.asarray(values).astype(dt),
+                         node.attrs["right"])
+    return out.astype(out_dtype(node))
+
+
+@register("aten::bucketize.Tensor")
+def _bucketize_tensor(node, values, boundaries):
+    return _bucketize(node, values, boundaries, None)
+
+
+@register("aten::bucketize.Scalar")
+def _bucketize_scalar(node, boundaries):
+    v = node.attrs["self"]
+    return _bucketize(node, v, boundaries, v if isinstance(v, (bool, int, float)) else 0.5)
+
+
+# --------------------------------------------------------------------------------------------
+# Histograms: histc, histogram, histogramdd (torch's histogramdd_cpu_contiguous)
+
+_HALF = (jnp.float16, jnp.bfloat16)
+
+
+def _arith(dt):
+    """``(compute dtype, round)``: torch's c10::Half/BFloat16 arithmetic is float arithmetic
+    rounded after every operation."""
+    if dt in _HALF:
+        return jnp.float32, lambda v: v.astype(dt).astype(jnp.float32)
+    return dt, lambda v: v
+
+
+def _split_hi(a):
+    """The high 26 bits of float64 ``a`` (Dekker's split, by masking: exact)."""
+    bits = lax.bitcast_convert_type(a, jnp.uint64) & jnp.uint64(0xFFFFFFFFF8000000)
+    return lax.bitcast_convert_type(bits, jnp.float64)
+
+
+def _two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _fma_int(a, i, c, dt):
+    """``a * i + c`` rounded once to ``dt`` (the FMA torch's compiler makes of its linspace):
+    ``a``, ``c`` of ``dt``, ``i`` small integers."""
+    f64 = jnp.float64
+    if dt == jnp.float32:
+        p = a.astype(f64) * i.astype(f64)  # exact: 24 bits times < 2**29
+        s, e = _two_sum(p, c.astype(f64))
+        f = s.astype(jnp.float32)
+        d = s - f.astype(f64)
+        g = jnp.nextafter(f, jnp.where(d > 0, jnp.inf, -jnp.inf).astype(jnp.float32))
+        mid = (d != 0) & (d == (g.astype(f64) - f.astype(f64)) / 2)
+        # s is halfway between f and g: the exact value, s + e, is past it when e has d's sign.
+        return jnp.where(mid & (e * d > 0), g, f)
+    # float64: a = hi + lo (26 bits each), each product exact; a compensated sum.
+    a = a.astype(f64)
+    hi = _split_hi(a)
+    i = i.astype(f64)
+    s1, e1 = _two_sum(c.astype(f64), hi * i)
+    s2, e2 = _two_sum(s1, (a - hi) * i)
+    return s2 + (e1 + e2)
+
+
+def _linspace(lo, hi, steps: int, dt):
+    """torch.linspace(lo, hi, steps) in ``dt`` as torch's CPU kernel computes it: from both
+    ends (``start + step * i`` below halfway, ``end - step * (steps - 1 - i)`` above)."""
+    i = jnp.arange(steps, dtype=jnp.int64)
+    half = steps // 2
+    if dt in _HALF:
+        cd, r = _arith(dt)
+        start, end = r(lo.astype(cd)), r(hi.astype(cd))
+        step = r(r(end - start) / r(jnp.asarray(steps - 1, cd)))
+        up = r(start + r(step * r(i.astype(cd))))
+        down = r(end - r(step * r((steps - 1 - i).astype(cd))))
+        return jnp.where(i < half, up, down).astype(dt)
+    start, end = lo.astype(dt), hi.astype(dt)
+    step = (end - start) / jnp.asarray(steps - 1, dt)
+    up = _fma_int(step, i, start, dt)
+    down = _fma_int(-step, steps - 1 - i, end, dt)
+    return jnp.where(i < half, up, down).astype(dt)
+
+
+def _upper_bound(edges, v, lo, hi, max_len: int):
+    """libstdc++'s ``std::upper_bound(edges + lo, edges + hi, v)``, step by step."""
+    first, ln = lo, hi - lo
+    for _ in range(max(max_len, 0).bit_length()):
+        act = ln > 0
+        half = ln >> 1
+        middle = first + half
+        left = v < edges[jnp.clip(middle, 0, edges.shape[0] - 1)]
+        first = jnp.where(act & ~left, middle + 1, first)
+        ln = jnp.where(act, jnp.where(left, half, ln - half - 1), ln)
+    return first
+
+
+def _hist(x2, edges, weight, density: bool, how: str):
+    """The D-dimensional histogram of the rows of ``x2`` (M, D) over ``edges`` (D sequences):
+    ``how`` is "linear" (histc), "local" (histogram with a bin count: linear, then a search
+    of the neighbouring bins) or "search" (given edges: std::upper_bound)."""
+    dt = x2.dtype
+    cd, r = _arith(dt)
+    m = x2.shape[0]
+    keep = jnp.ones((m,), bool)
+    flat = jnp.zeros((m,), jnp.int64)
+    sizes = tuple(e.shape[0] - 1 for e in edges)
+    for d, e in enumerate(edges):
+        nb = sizes[d]
+        elt = x2[:, d]
+        left, right = e[0], e[-1]
+        keep = keep & (elt >= left) & (elt <= right)
+        if how == "search":
+            pos = _upper_bound(e, elt, jnp.zeros((m,), jnp.int64), jnp.full((m,), nb + 1), nb + 1)
+        else:
+            ec, lc, rc = elt.astype(cd), left.astype(cd), right.astype(cd)
+            q = r(r(r(ec - lc) * jnp.asarray(nb, cd)) / r(rc - lc))
+            pos = jnp.where(keep, q, 0).astype(jnp.int64)
+            if how == "local":
+                lo = jnp.maximum(pos - 1, 0)
+                hi = jnp.minimum(pos + 2, nb + 1)
+                pos = _upper_bound(e, elt, lo, hi, 3)
+            else:
+                pos = pos + 1  # the same "- 1" as after a search
+        pos = pos - 1
+        pos = jnp.where(pos == nb, nb - 1, pos)
+        flat = flat * nb + jnp.clip(pos, 0, nb - 1)
+    total = math.prod(sizes)
+    w = jnp.ones((m,), dt) if weight is None else weight.reshape(-1).astype(dt)
+    hist = jnp.zeros((total,), dt).at[jnp.where(keep, flat, total)].add(w, mode="drop")
+    hist = hist.reshape(sizes)
+    if density:
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            shape = [1] * len(edges)
+            shape[d] = sizes[d]
+            hist = hist / (e[1:] - e[:-1]).reshape(shape)
+    return hist
+
+
+def _outer_edges(x2, rng, op: str):
+    """torch's select_outer_bin_edges: (lo, hi) float64 per dim, and whether torch would have
+    refused them (not finite, from the data): a histogram made of NaN then."""
+    d = x2.shape[1]
+    if rng is not None:
+        if len(rng) != 2 * d:
+            raise ValueError(f"{op}: range needs {2 * d} numbers for {d} dims, got {len(rng)}")
+        lo = [float(rng[2 * k]) for k in range(d)]
+        hi = [float(rng[2 * k + 1]) for k in range(d)]
+        for a, b in zip(lo, hi):
+            if not (math.isfinite(a) and math.isfinite(b)):
+                raise ValueError(f"{op}: range [{a}, {b}] is not finite")
+            if a > b:
+                raise ValueError(f"{op}: min should not exceed max, got range [{a}, {b}]")
+        lo, hi = jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64)
+    elif x2.size > 0:
+        lo = jnp.min(x2, axis=0).astype(jnp.float64)
+        hi = jnp.max(x2, axis=0).astype(jnp.float64)
+    else:
+        lo, hi = jnp.zeros((d,), jnp.float64), jnp.ones((d,), jnp.float64)
+    bad = ~(jnp.isfinite(lo) & jnp.isfinite(hi))
+    eq = lo == hi
+    return jnp.where(eq, lo - 0.5, lo), jnp.where(eq, hi + 0.5, hi), jnp.any(bad)
+
+
+def _check_hist_input(op: str, x):
+    if not _is_float(x):
+        raise ValueError(f"{op}: input must be floating point (torch's CPU kernel is), got {x.dtype}")
+
+
+def _nan_if(bad, a):
+    return jnp.where(bad, jnp.asarray(jnp.nan, a.dtype), a)
+
+
+@register("aten::histc.default")
+def _histc(node, x):
+    _check_hist_input("histc", x)
+    bins = node.attrs["bins"]
+    if bins <= 0:
+        raise ValueError(f"histc: bins must be > 0, got {bins}")
+    mn, mx = node.attrs["min"], node.attrs["max"]
+    if isinstance(mn, (int, float)) and isinstance(mx, (int, float)) and mn > mx:
+        raise ValueError(f"histc: max must be larger than min (min={mn}, max={mx})")
+    flat = x.reshape(-1, 1)
+    lo, hi = jnp.asarray(mn, jnp.float64), jnp.asarray(mx, jnp.float64)
+    if flat.size > 0:
+        same = lo == hi
+        lo = jnp.where(same, jnp.min(flat).astype(jnp.float64), lo)
+        hi = jnp.where(same, jnp.max(flat).astype(jnp.float64), hi)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    # torch refuses a range that is not finite or empty: NaNs rather than a plausible count.
+    bad = ~(jnp.isfinite(lo) & jnp.isfinite(hi)) | ~(lo < hi)
+    # Only linspace's ends matter to histc: they are the range itself, in x's dtype.
+    edges = jnp.stack([lo, hi]).astype(x.dtype)
+    e = jnp.concatenate([edges[:1], jnp.zeros((bins - 1,), x.dtype), edges[1:]])
+    return _nan_if(bad, _hist(flat, [e], None, False, "linear")).astype(out_dtype(node))
+
+
+@register("aten::histogram.bin_ct")
+def _histogram_bin_ct(node, x, weight):
+    _check_hist_input("histogram", x)
+    bins = node.attrs["bins"]
+    if bins <= 0:
+        raise ValueError(f"histogram: bins must be > 0, got {bins}")
+    flat = x.reshape(-1, 1)
+    lo, hi, bad = _outer_edges(flat, node.attrs["range"], "histogram")
+    edges = _linspace(lo[0], hi[0], bins + 1, x.dtype)
+    hist = _hist(flat, [edges], weight, node.attrs["density"], "local")
+    return _nan_if(bad, hist), _nan_if(bad, edges)
+
+
+@register("aten::histogram.bins_tensor")
+def _histogram_bins_tensor(node, x, bins, weight):
+    _check_hist_input("histogram", x)
+    if bins.ndim != 1 or bins.shape[0] == 0:
+        raise ValueError("histogram: bins must be a 1-D tensor with at least one edge")
+    hist = _hist(x.reshape(-1, 1), [bins.astype(x.dtype)], weight, node.attrs["density"],
+                 "search")
+    return hist, bins
+
+
+def _dd_input(op, x):
+    _check_hist_input(op, x)
+    if x.ndim < 2:
+        raise ValueError(f"{op}: input needs at least 2 dims, got {x.ndim}")
+    return x.reshape(-1, x.shape[-1])
+
+
+def _dd_edges(node, x2):
+    bins = node.attrs["bins"]
+    if len(bins) != x2.shape[1]:
+        raise ValueError(f"histogramdd: {len(bins)} bin counts for {x2.shape[1]} dims")
+    if any(b <= 0 for b in bins):
+        raise ValueError(f"histogramdd: bins must be > 0, got {tuple(bins)}")
+    lo, hi, bad = _outer_edges(x2, node.attrs["range"], "histogramdd")
+    return [_linspace(lo[d], hi[d], b + 1, x2.dtype) for d, b in enumerate(bins)], bad
+
+
+@register("aten::_histogramdd_bin_edges.default")
+def _histogramdd_bin_edges(node, x, weight):
+    edges, bad = _dd_edges(node, _dd_input("histogramdd", x))
+    return tuple(_nan_if(bad, e) for e in edges)
+
+
+@register("aten::_histogramdd_from_bin_cts.default")
+def _histogramdd_from_bin_cts(node, x, weight):
+    x2 = _dd_input("histogramdd", x)
+    edges, bad = _dd_edges(node, x2)
+    return _nan_if(bad, _hist(x2, edges, weight, node.attrs["density"], "local"))
+
+
+@register("aten::_histogramdd_from_bin_tensors.default")
+def _histogramdd_from_bin_tensors(node, x, bins, weight):
+    x2 = _dd_input("histogramdd", x)
+    if len(bins) != x2.shape[1]:
+        raise ValueError(f"histogramdd: {len(bins)} edge sequences for {x2.shape[1]} dims")
+    for b in bins:
+        if b.ndim != 1 or b.shape[0] == 0:
+            raise ValueError("histogramdd: each bins tensor must be 1-D with at least one edge")
+    edges = [b.astype(x2.dtype) for b in bins]
+    return _hist(x2, edges, weight, node.attrs["density"], "search")
+
+
+# --------------------------------------------------------------------------------------------
+# segment_reduce and its backward (torch's _segment_reduce_cpu_kernel2, by lengths or offsets)
+
+_SEGMENT_REDUCTIONS = ("max", "mean", "min", "sum", "prod")
+
+
+def _segments(op, data, lengths, offsets, axis: int):
+    """Per position along ``axis``: its segment (``seg``, (B, L)) and whether it is in one;
+    the segments' lengths (B, S); the data as (B, L, I)."""
+    if (lengths is None) == (offsets is None):
+        raise ValueError(f"{op}: give exactly one of lengths and offsets")
+    ref = lengths if lengths is not None else offsets
+    axis = norm_dim(axis, data.ndim)
+    if ref.ndim - 1 != axis:
+        raise ValueError(
+            f"{op}: axis={axis} but lengths/offsets have {ref.ndim} dims (torch reduces along "
+            f"their last dim, dim {ref.ndim - 1})"
+        )
+    lead = data.shape[:axis]
+    b = math.prod(lead)
+    size = data.shape[axis]
+    d3 = data.reshape(b, size, -1)
+    ref = ref.astype(jnp.int64).reshape(b, ref.shape[-1])
+    if lengths is not None:
+        lens = ref
+        starts = jnp.cumsum(lens, axis=1) - lens
+    else:
+        starts = ref[:, :-1]
+        lens = ref[:, 1:] - starts
+    ends = starts + lens
+    s = lens.shape[1]
+    pos = jnp.arange(size, dtype=jnp.int64)
+    seg = jax.vmap(lambda e: jnp.searchsorted(e, pos, side="right"))(ends)
+    seg_c = jnp.clip(seg, 0, max(s - 1, 0))
+    inside = (seg < s) & (pos[None, :] >= jnp.take_along_axis(starts, seg_c, axis=1))
+    return seg_c, inside, lens, d3, lead
+
+
+def _by_segment(values, seg, inside, s: int, combine: str):
+    """Reduce ``values`` (B, L, I) into (B, S, I) by segment."""
+    b, size, inner = values.shape
+    gid = jnp.where(inside, jnp.arange(b)[:, None] * s + seg, b * s).reshape(-1)
+    flat = values.reshape(b * size, inner)
+    fn = {"sum": jax.ops.segment_sum, "max": jax.ops.segment_max,
+          "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}[combine]
+    return fn(flat, gid, num_segments=b * s + 1)[: b * s].reshape(b, s, inner)
+
+
+def _reduce_name(op, reduce):
+    if reduce not in _SEGMENT_REDUCTIONS:
+        raise ValueError(f"{op}: reduce={reduce!r} (expected one of {_SEGMENT_REDUCTIONS})")
+    return reduce
+
+
+@register("aten::segment_reduce.default")
+def _segment_reduce(node, data, lengths, indices, offsets):
+    op = "segment_reduce"
+    if indices is not None:
+        raise ValueError(f"{op}: indices are not supported (torch reduces by lengths or offsets)")
+    if not _is_float(data):
+        raise ValueError(f"{op}: data must be floating point, got {data.dtype}")
+    reduce = _reduce_name(op, node.attrs["reduce"])
+    initial = node.attrs["initial"]
+    seg, inside, lens, d3, lead = _segments(op, data, lengths, offsets, node.attrs["axis"])
+    s = lens.shape[1]
+    dt = data.dtype
+    lens3 = lens[:, :, None]
+    if reduce in ("sum", "mean"):
+        out = _by_segment(d3, seg, inside, s, "sum")
+        if initial is not None:
+            out = jnp.asarray(initial, dt) + out
+        if reduce == "mean":
+            empty = jnp.asarray(jnp.nan if initial is None else 0, dt)
+            if initial is not None:
+                empty = jnp.broadcast_to(jnp.asarray(initial, dt), out.shape)
+            out = jnp.where(lens3 > 0, out / lens3.astype(dt), empty)
+    else:
+        out = _by_segment(d3, seg, inside, s, reduce)
+        if initial is not None:
+            init = jnp.asarray(initial, dt)
+            out = {"max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}[reduce](init, out)
+    shape = lead + (s,) + data.shape[len(lead) + 1 :]
+    return out.reshape(shape).astype(out_dtype(node))
+
+
+def _segmented_scan_prod(v, start):
+    """Inclusive products along axis 1 of ``v`` (B, L, I), restarting where ``start`` (B, L)."""
+
+    def combine(a, b):
+        (va, fa), (vb, fb) = a, b
+        return jnp.where(fb[..., None], vb, va * vb), fa | fb
+
+    return lax.associative_scan(combine, (v, start), axis=1)[0]
+
+
+@register("aten::_segment_reduce_backward.default")
+def _segment_reduce_backward(node, grad, output, data, lengths, offsets):
+    op = "segment_reduce backward"
+    reduce = _reduce_name(op, node.attrs["reduce"])
+    initial = node.attrs["initial"]
+    seg, inside, lens, d3, lead = _segments(op, data, lengths, offsets, node.attrs["axis"])
+    b, size, inner = d3.shape
+    s = lens.shape[1]
+    dt = d3.dtype
+    g3 = grad.reshape(b, s, inner)
+    o3 = output.reshape(b, s, inner)
+    at = seg[:, :, None]
+    gp = jnp.take_along_axis(g3, jnp.broadcast_to(at, (b, size, inner)), axis=1)
+    op_ = jnp.take_along_axis(o3, jnp.broadcast_to(at, (b, size, inner)), axis=1)
+    lp = jnp.take_along_axis(lens, seg, axis=1)[:, :, None]
+    ins = inside[:, :, None]
+    if reduce in ("max", "min"):
+        hit = ins & (jnp.isnan(d3) | (d3 == op_))
+        count = _by_segment(hit.astype(jnp.int64), seg, inside, s, "sum")
+        cp = jnp.take_along_axis(count, jnp.broadcast_to(at, (b, size, inner)), axis=1)
+        gi = jnp.where(hit, gp, 0)
+        # torch divides by the count only the gradients above 0 (so does this).
+        gi = jnp.where((cp >= 2) & (gi > 0), gi / cp.astype(dt), gi)
+    elif reduce == "mean":
+        gi = jnp.where(ins, gp / lp.astype(dt), 0)
+    elif reduce == "sum":
+        gi = jnp.where(ins, gp, 0)
+    else:  # prod
+        special = jnp.isnan(d3) | (d3 == 0)
+        plain = (gp * op_) / d3
+        pos = jnp.arange(size)
+        starts = jnp.take_along_axis(jnp.cumsum(lens, axis=1) - lens, seg, axis=1)
+        if offsets is not None:
+            o = offsets.astype(jnp.int64).reshape(b, -1)
+            starts = jnp.take_along_axis(o[:, :-1], seg, axis=1)
+        last_pos = starts + jnp.take_along_axis(lens, seg, axis=1) - 1
+        first = ~inside | (pos[None, :] == starts)
+        last = ~inside | (pos[None, :] == last_pos)
+        v = jnp.where(ins, d3, jnp.ones_like(d3))
+        incl = _segmented_scan_prod(v, first)
+        before = jnp.where(first[:, :, None], 1, jnp.roll(incl, 1, axis=1))
+        rincl = _segmented_scan_prod(v[:, ::-1], last[:, ::-1])[:, ::-1]
+        after = jnp.where(last[:, :, None], 1, jnp.roll(rincl, -1, axis=1))
+        init = jnp.asarray(1 if initial is None else initial, dt)
+        excl = init * before * after
+        gi = jnp.where(ins, jnp.where(special, gp * excl, plain), 0)
+    gi = jnp.where(lp > 0, gi, 0)
+    return gi.reshape(data.shape).astype(out_dtype(node))

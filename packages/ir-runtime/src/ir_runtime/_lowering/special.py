@@ -54,6 +54,17 @@ def _float_rule(fn, arity=1):
     return rule
 
 
+def _div(a, b):
+    """a / b, the IEEE quotient even where b is a scalar: XLA turns a division by a broadcast
+    scalar (a constant, a loop counter) into a multiplication by its reciprocal, an ulp off
+    torch's quotient (round(x, decimals) would round differently)."""
+    a = jnp.asarray(a)
+    b = jnp.asarray(b, a.dtype)
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    a, b = lax.optimization_barrier((jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)))
+    return a / b
+
+
 def _polevl(x, coeffs):
     """Cephes' polevl (Horner from the highest coefficient), starting from 0 as torch does."""
     r = jnp.zeros_like(x)
@@ -679,7 +690,7 @@ def _zeta(x, q, first=None):
     for coef in _ZETA_A:
         aa = aa * (x + k)
         b = b / w
-        t = aa * b / coef
+        t = _div(aa * b, coef)
         new = tail + t
         tail = jnp.where(stop, tail, new)
         stop = stop | (jnp.abs(t / new) < machep)
@@ -810,7 +821,7 @@ def _igam_fac(a, x, c):
     ax = a * jnp.log(x) - x - _lgamma(a)
     direct = jnp.where(ax < -c["maxlog"], jnp.zeros((), dt), jnp.exp(ax))
     fac = a + _LANCZOS_G - 0.5
-    res = jnp.sqrt(fac / math.e) / _lanczos_sum_expg_scaled(a)
+    res = jnp.sqrt(_div(fac, math.e)) / _lanczos_sum_expg_scaled(a)
     small = res * jnp.exp(a - x) * jnp.power(x / fac, a)
     numfac = (x - a - _LANCZOS_G + 0.5) / fac
     large = res * jnp.exp(a * (jnp.log1p(numfac) - numfac) + x * (0.5 - _LANCZOS_G) / fac)
@@ -843,7 +854,7 @@ def _igamc_series(a, x, mask, c):
 
     def body(st):
         n, fac, total, active = st
-        fac1 = fac * -x / n
+        fac1 = fac * _div(-x, n)
         term = fac1 / (a + n)
         total1 = total + term
         fac, total = (jnp.where(active, v, o) for v, o in ((fac1, fac), (total1, total)))
@@ -1267,7 +1278,7 @@ def _airy_ai(x):
     # x < -2.09: the asymptotic form, oscillating.
     neg = x < -2.09
     xn = jnp.where(neg, x, jnp.asarray(-3.0, dt))
-    zeta_n = -2.0 * xn * jnp.sqrt(-xn) / 3.0
+    zeta_n = _div(-2.0 * xn * jnp.sqrt(-xn), 3.0)
     z = 1.0 / zeta_n
     zz = z * z
     afn, afd = _polevl(zz, _AIRY_AI_AFN), _polevl(zz, _AIRY_AI_AFD)
@@ -1281,7 +1292,7 @@ def _airy_ai(x):
     # x >= 2.09: the exponentially small form.
     pos = x >= 2.09
     xp = jnp.where(pos, x, jnp.asarray(3.0, dt))
-    zeta_p = 2.0 * xp * jnp.sqrt(xp) / 3.0
+    zeta_p = _div(2.0 * xp * jnp.sqrt(xp), 3.0)
     an, ad = _polevl(1.0 / zeta_p, _AIRY_AI_AN), _polevl(1.0 / zeta_p, _AIRY_AI_AD)
     scale = 2.0 * jnp.sqrt(jnp.sqrt(xp)) * jnp.exp(zeta_p)
     right = 5.64189583547756286948e-01 * (an / ad) / scale
@@ -1607,7 +1618,7 @@ def _laguerre_l(x, n_t):
         1.0 - x,
         1,
         -1,
-        lambda k, p, q: (((k + k) + (1.0 - x)) * q - k * p) / (k + 1),
+        lambda k, p, q: _div(((k + k) + (1.0 - x)) * q - k * p, k + 1),
         needs,
     )
     return _select(
@@ -1625,7 +1636,7 @@ def _legendre_p(x, n_t):
     one = jnp.ones((), dt)
     needs = (n >= 2) & (jnp.abs(x) != 1.0)
     rec = _recur(
-        x, n, jnp.ones_like(x), x, 1, -1, lambda k, p, q: ((k + k + 1) * x * q - k * p) / (k + 1),
+        x, n, jnp.ones_like(x), x, 1, -1, lambda k, p, q: _div((k + k + 1) * x * q - k * p, k + 1),
         needs,
     )
     at_one = jnp.where((x > 0) | (n % 2 == 0), one, -one)
@@ -1825,5 +1836,5 @@ def _round_decimals(node, x):
     d = node.attrs["decimals"]
     x = _cast(x, w)
     ten = jnp.asarray(10.0 ** abs(d), w)
-    out = jnp.round(x / ten) * ten if d < 0 else jnp.round(x * ten) / ten
+    out = jnp.round(_div(x, ten)) * ten if d < 0 else _div(jnp.round(x * ten), ten)
     return _cast(out, dt)
