@@ -619,3 +619,17 @@ def test_complex_python_numbers_are_lifted_in_the_tensors_precision(dtype):
         got, want = irt.to_torch(op(irt.to_lazy(x0))), op(x0)
         assert got.dtype == want.dtype
         assert torch.equal(got, want)
+
+
+def test_unreduced_margin_losses_of_a_1_d_input_are_0_d_as_on_the_cpu():
+    """torch's meta kernels say [1] here; the CPU kernel (the oracle) gives []."""
+    x, t = torch.randn(5), torch.tensor(2)
+    labels = torch.tensor([3, 0, -1, 1, 1])
+    for loss, target in (
+        (torch.nn.functional.multi_margin_loss, t),
+        (torch.nn.functional.multilabel_margin_loss, labels),
+    ):
+        want = loss(x, target, reduction="none")
+        got = irt.to_torch(loss(irt.to_lazy(x), irt.to_lazy(target), reduction="none"))
+        assert got.shape == want.shape == ()
+        torch.testing.assert_close(got, want)

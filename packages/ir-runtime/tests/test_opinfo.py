@@ -80,6 +80,20 @@ def test_known_failures_name_real_ops():
 CHECKED_ELSEWHERE = {
     **{f"aten::{name}": "test_rules.test_overloads_outside_opinfos_samples" for name in OUTSIDE},
     "ir::random_permutation": "test_rules.test_randperm_is_a_permutation_and_draws_follow_the_seed",
+    "aten::special_zeta.self_scalar": "test_special.test_zeta",
+    "aten::special_zeta.other_scalar": "test_special.test_zeta",
+    **{
+        f"aten::special_{name}_polynomial_{kind}.{form}": "test_special.test_polynomials"
+        for name, kinds in (
+            ("chebyshev", "tuvw"),
+            ("shifted_chebyshev", "tuvw"),
+            ("hermite", ("h", "he")),
+            ("laguerre", "l"),
+            ("legendre", "p"),
+        )
+        for kind in kinds
+        for form in ("x_scalar", "n_scalar")
+    },
 }
 
 

@@ -27,7 +27,10 @@ def same(got, want, rtol=None, atol=None):
         return
     r, a = TOL[want.dtype]
     torch.testing.assert_close(
-        got, want, rtol=r if rtol is None else rtol, atol=a if atol is None else atol,
+        got,
+        want,
+        rtol=r if rtol is None else rtol,
+        atol=a if atol is None else atol,
         equal_nan=True,
     )
 

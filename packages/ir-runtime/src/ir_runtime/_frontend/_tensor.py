@@ -123,7 +123,8 @@ def wrap(value: Value) -> LazyTensor:
 def host_numpy(x: torch.Tensor) -> np.ndarray:
     """A host tensor's value as numpy, bfloat16 kept (as ml_dtypes' bfloat16)."""
     check_strided(x)
-    host = x.detach().cpu()
+    _record.ir_dtype(x.dtype)
+    host = x.detach().cpu().resolve_conj().resolve_neg()
     if host.dtype == torch.bfloat16:
         return host.float().numpy().astype(ml_dtypes.bfloat16)
     return host.numpy()

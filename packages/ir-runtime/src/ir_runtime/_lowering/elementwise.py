@@ -339,7 +339,10 @@ def _where_scalar_self(node, cond, y):
 # (clone, alias, detach and contiguous never reach a rule: the front end gives the same value.)
 @register("aten::_to_copy.default", "aten::lift_fresh_copy.default")
 def _copy(node, x):
-    return _cast(x, out_dtype(node))
+    dt = out_dtype(node)
+    if jnp.iscomplexobj(x) and not jnp.issubdtype(dt, jnp.complexfloating):
+        x = jnp.real(x)  # torch drops the imaginary part
+    return _cast(x, dt)
 
 
 @register("aten::masked_fill.Scalar")

@@ -44,15 +44,11 @@ def _view_as_complex(node, x):
     return _cast(lax.complex(x[..., 0], x[..., 1]), out_dtype(node))
 
 
-@register("aten::_conj.default", "aten::conj_physical.default", "aten::_conj_physical.default")
+# conj_physical is _conj_physical's composite; resolve_conj and resolve_neg never reach the
+# device (no tensor here carries the bits: torch returns the tensor itself).
+@register("aten::_conj.default", "aten::_conj_physical.default")
 def _conj(node, z):
     return _cast(jnp.conj(z), out_dtype(node))
-
-
-@register("aten::resolve_conj.default", "aten::resolve_neg.default")
-def _resolve(node, z):
-    # No conjugate or negative bit on the lazy device: the value is already resolved.
-    return _cast(z, out_dtype(node))
 
 
 @register("aten::complex.default")

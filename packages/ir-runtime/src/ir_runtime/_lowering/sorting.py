@@ -881,6 +881,12 @@ def _arith(dt):
     return dt, lambda v: v
 
 
+def _div(a, b):
+    """``a / b`` as IEEE division: XLA turns a division by a constant into a multiplication by
+    its (rounded) reciprocal, which torch does not; the barrier keeps ``b`` opaque."""
+    return a / lax.optimization_barrier(b)
+
+
 def _split_hi(a):
     """The high 26 bits of float64 ``a`` (Dekker's split, by masking: exact)."""
     bits = lax.bitcast_convert_type(a, jnp.uint64) & jnp.uint64(0xFFFFFFFFF8000000)
@@ -923,12 +929,12 @@ def _linspace(lo, hi, steps: int, dt):
     if dt in _HALF:
         cd, r = _arith(dt)
         start, end = r(lo.astype(cd)), r(hi.astype(cd))
-        step = r(r(end - start) / r(jnp.asarray(steps - 1, cd)))
+        step = r(_div(r(end - start), r(jnp.asarray(steps - 1, cd))))
         up = r(start + r(step * r(i.astype(cd))))
         down = r(end - r(step * r((steps - 1 - i).astype(cd))))
         return jnp.where(i < half, up, down).astype(dt)
     start, end = lo.astype(dt), hi.astype(dt)
-    step = (end - start) / jnp.asarray(steps - 1, dt)
+    step = _div(end - start, jnp.asarray(steps - 1, dt))
     up = _fma_int(step, i, start, dt)
     down = _fma_int(-step, steps - 1 - i, end, dt)
     return jnp.where(i < half, up, down).astype(dt)
@@ -966,7 +972,7 @@ def _hist(x2, edges, weight, density: bool, how: str):
             pos = _upper_bound(e, elt, jnp.zeros((m,), jnp.int64), jnp.full((m,), nb + 1), nb + 1)
         else:
             ec, lc, rc = elt.astype(cd), left.astype(cd), right.astype(cd)
-            q = r(r(r(ec - lc) * jnp.asarray(nb, cd)) / r(rc - lc))
+            q = r(_div(r(r(ec - lc) * jnp.asarray(nb, cd)), r(rc - lc)))
             pos = jnp.where(keep, q, 0).astype(jnp.int64)
             if how == "local":
                 lo = jnp.maximum(pos - 1, 0)
@@ -982,11 +988,11 @@ def _hist(x2, edges, weight, density: bool, how: str):
     hist = jnp.zeros((total,), dt).at[jnp.where(keep, flat, total)].add(w, mode="drop")
     hist = hist.reshape(sizes)
     if density:
-        hist = hist / jnp.sum(hist)
+        hist = _div(hist, jnp.sum(hist))
         for d, e in enumerate(edges):
             shape = [1] * len(edges)
             shape[d] = sizes[d]
-            hist = hist / (e[1:] - e[:-1]).reshape(shape)
+            hist = _div(hist, (e[1:] - e[:-1]).reshape(shape))
     return hist
 
 
@@ -1189,7 +1195,7 @@ def _segment_reduce(node, data, lengths, indices, offsets):
             empty = jnp.asarray(jnp.nan if initial is None else 0, dt)
             if initial is not None:
                 empty = jnp.broadcast_to(jnp.asarray(initial, dt), out.shape)
-            out = jnp.where(lens3 > 0, out / lens3.astype(dt), empty)
+            out = jnp.where(lens3 > 0, _div(out, lens3.astype(dt)), empty)
     else:
         out = _by_segment(d3, seg, inside, s, reduce)
         if initial is not None:
@@ -1231,14 +1237,14 @@ def _segment_reduce_backward(node, grad, output, data, lengths, offsets):
         cp = jnp.take_along_axis(count, jnp.broadcast_to(at, (b, size, inner)), axis=1)
         gi = jnp.where(hit, gp, 0)
         # torch divides by the count only the gradients above 0 (so does this).
-        gi = jnp.where((cp >= 2) & (gi > 0), gi / cp.astype(dt), gi)
+        gi = jnp.where((cp >= 2) & (gi > 0), _div(gi, cp.astype(dt)), gi)
     elif reduce == "mean":
-        gi = jnp.where(ins, gp / lp.astype(dt), 0)
+        gi = jnp.where(ins, _div(gp, lp.astype(dt)), 0)
     elif reduce == "sum":
         gi = jnp.where(ins, gp, 0)
     else:  # prod
         special = jnp.isnan(d3) | (d3 == 0)
-        plain = (gp * op_) / d3
+        plain = _div(gp * op_, d3)
         pos = jnp.arange(size)
         starts = jnp.take_along_axis(jnp.cumsum(lens, axis=1) - lens, seg, axis=1)
         if offsets is not None:

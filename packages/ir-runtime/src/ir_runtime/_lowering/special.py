@@ -103,6 +103,7 @@ def _while(cond, body, state, max_iter=None):
 
 # -- coefficient tables (torch's Math.h) ---------------------------------------------------
 
+# fmt: off
 _AIRY_AI_AN = (
     0.346538101525629, 12.007595273964581, 76.27960536152345,
     168.08922493463058, 159.75639135016442, 70.53609068404442,
@@ -570,9 +571,11 @@ _IGAM_D = (
         0.48683443692930506,
     ),
 )
+# fmt: on
 
 
 # -- the gamma family ----------------------------------------------------------------------
+
 
 def _lgamma(x):
     """log|gamma(x)|; float32 through float64 (jax's float32 gammaln is off by ~5e-7 near its
@@ -1025,6 +1028,7 @@ def _igammac(node, a, x):
 
 # -- erfcx and log_ndtr (torch's: Steven G. Johnson's erfcx; SciPy's log_ndtr) --------------
 
+# fmt: off
 # erfcx_y100's 100 Chebyshev pieces (Steven G. Johnson's Faddeeva package, MIT license),
 # lowest degree first, padded to 7 coefficients.
 _ERFCX_Y100 = (
@@ -1229,6 +1233,7 @@ _ERFCX_Y100 = (
     (0.9777170133588503, 0.02200093857283048, 0.0002795161070268238, 2.5153688325245316e-06,
      1.651401954782282e-08, 7.819152682936823e-11, 2.4873652355555557e-13),
 )
+# fmt: on
 
 
 def _erfcx_y100(y100):
@@ -1491,7 +1496,7 @@ def _recur(x, n, p, q, start, stop_offset, step, needs):
     ``k <= n + stop_offset`` and q is not NaN (elements of ``needs`` only); returns q."""
 
     def cond(st):
-        k, p, q = st
+        k, _, q = st
         return jnp.any(needs & (k <= n + stop_offset) & ~jnp.isnan(q))
 
     def body(st):
@@ -1550,9 +1555,7 @@ def _chebyshev(kind: str, shifted: bool):
             ok = jnp.cos(theta / 2.0) != 1.0
             fallback = sign if shifted else jnp.where(x > 0, at_plus, at_minus)
             half = jnp.sin(theta / 2.0)
-            trig = jnp.where(
-                ok, jnp.sin((nf + 0.5) * theta) / jnp.where(ok, half, one), fallback
-            )
+            trig = jnp.where(ok, jnp.sin((nf + 0.5) * theta) / jnp.where(ok, half, one), fallback)
         if shifted:
             plus, minus = x == 1.0, x == 0.0
         else:
@@ -1636,7 +1639,13 @@ def _legendre_p(x, n_t):
     one = jnp.ones((), dt)
     needs = (n >= 2) & (jnp.abs(x) != 1.0)
     rec = _recur(
-        x, n, jnp.ones_like(x), x, 1, -1, lambda k, p, q: _div((k + k + 1) * x * q - k * p, k + 1),
+        x,
+        n,
+        jnp.ones_like(x),
+        x,
+        1,
+        -1,
+        lambda k, p, q: _div((k + k + 1) * x * q - k * p, k + 1),
         needs,
     )
     at_one = jnp.where((x > 0) | (n % 2 == 0), one, -one)
