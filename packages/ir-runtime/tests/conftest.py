@@ -1,12 +1,36 @@
 import os
 import sys
 
+import pytest
+
 import ir_runtime
+from ir_runtime import _compile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 # Eight virtual CPU devices for every test in this process.
 ir_runtime.init(cpu_devices=8)
+
+LOWERED: set = set()  # every op whose lowering rule was looked up in this session
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _record_lowered_rules():
+    rule_for = _compile.rule_for
+
+    def recording(op):
+        LOWERED.add(op)
+        return rule_for(op)
+
+    _compile.rule_for = recording
+    yield
+    _compile.rule_for = rule_for
+
+
+def pytest_collection_modifyitems(items):
+    """The rule-coverage check runs after everything else."""
+    last = [item for item in items if item.fspath.basename == "test_rule_coverage.py"]
+    items[:] = [item for item in items if item not in last] + last
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -501,13 +501,24 @@ def test_matrix_exp_batched():
     compare(lambda a: torch.linalg.matrix_exp(a), rnd(5, 5, dtype=F32) / 2, rtol=1e-4, atol=1e-5)
 
 
-def test_pinv_tolerances():
-    a = rnd(2, 5, 3)
+def _with_singular_values(s, m, n, seed):
+    """Random m x n matrices, one per row of ``s``, with those singular values."""
+    u = torch.linalg.qr(rnd(s.shape[0], m, m, seed=seed, grad=False))[0][..., :, : s.shape[1]]
+    v = torch.linalg.qr(rnd(s.shape[0], n, n, seed=seed + 1, grad=False))[0][..., :, : s.shape[1]]
+    return ((u * s[:, None, :]) @ v.mT).requires_grad_()
+
+
+def test_pinv_tolerances_drop_singular_values():
+    s = torch.tensor([[3.0, 1.0, 0.2], [2.0, 0.6, 0.3]], dtype=F64)
+    a = _with_singular_values(s, 5, 3, seed=2)
     compare(lambda a: torch.linalg.pinv(a), a)
-    atol = torch.tensor(0.5, dtype=F64)
-    rtol = torch.tensor([0.1, 0.3], dtype=F64)  # one per matrix
-    compare(lambda a: torch.linalg.pinv(a, atol=atol, rtol=rtol), a, grads=False)
-    compare(lambda a: torch.linalg.pinv(a, atol=0.8), a, grads=False)
+    atol = torch.tensor(0.5, dtype=F64)  # drops 0.2 and 0.3
+    compare(lambda a: torch.linalg.pinv(a, atol=atol), a, grads=False)
+    rtol = torch.tensor([0.5, 0.2], dtype=F64)  # one per matrix: drops 1 and 0.2; 0.3
+    compare(lambda a: torch.linalg.pinv(a, rtol=rtol), a, grads=False)
+    compare(lambda a: torch.linalg.pinv(a, atol=0.25, rtol=0.25), a, grads=False)
+    h = (a.detach() @ a.detach().mT).requires_grad_()  # Hermitian, rank 3 of 5
+    compare(lambda h: torch.linalg.pinv(h, hermitian=True, atol=0.5), h, grads=False)
 
 
 def test_pinv_hermitian_and_rank_deficient():
@@ -568,3 +579,50 @@ def test_ldl_float32_blocked_size():
 def test_trace(shape):
     compare(lambda a: torch.trace(a), rnd(*shape))
     compare(lambda a: torch.trace(a), torch.arange(15).reshape(3, 5), grads=False)  # int64
+
+
+# -- least squares (no meta kernel in torch yet: the rule as the front end would record it) ------
+
+
+@pytest.mark.parametrize("driver", ["gels", "gelsy", "gelsd", "gelss", None])
+@pytest.mark.parametrize("shape", [(2, 5, 3), (2, 3, 3), (2, 3, 5)])
+def test_lstsq_rule_drivers(driver, shape):
+    m, n = shape[-2:]
+    if driver in ("gelsd", "gelss") and m > n:
+        return  # refused: see test_lstsq_refusals
+    a = rnd(*shape, grad=False)
+    b = rnd(2, m, 2, seed=1, grad=False)
+    check_node("linalg_lstsq", a, b, driver=driver, rtol=1e-9, atol=1e-10)
+    check_node("linalg_lstsq", a, b[..., 0], driver=driver, rtol=1e-9, atol=1e-10)  # vector
+    b3 = rnd(3, m, 2, seed=2, grad=False)
+    check_node("linalg_lstsq", a[:1], b3, driver=driver, rtol=1e-9, atol=1e-10)  # broadcast
+    if driver == "gelsd" or driver is None:
+        check_node("linalg_lstsq", a.float(), b.float(), driver=driver, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("driver", ["gelsy", "gelsd", "gelss"])
+def test_lstsq_rule_rank_deficient(driver):
+    a = rnd(3, 4, 6, grad=False).clone()
+    a[..., 5] = a[..., 1]  # a repeated column (rank 4 still)
+    a[1, 3] = a[1, 0] + a[1, 2]  # a dependent row: rank 3
+    b = rnd(3, 4, 2, seed=1, grad=False)
+    check_node("linalg_lstsq", a, b, driver=driver, rtol=1e-8, atol=1e-9)
+    if driver != "gelsy":  # torch's gelsy pivots at random when it truncates: no oracle
+        s = torch.tensor([[3.0, 1.0, 0.01]] * 2, dtype=F64)
+        c = _with_singular_values(s, 3, 5, seed=4).detach()
+        check_node("linalg_lstsq", c, b[:2, :3], 0.1, driver=driver, rtol=1e-8, atol=1e-9)
+
+
+def test_lstsq_rule_complex():
+    a = rnd(2, 5, 3, dtype=C128, grad=False)
+    b = rnd(2, 5, 2, dtype=C128, seed=1, grad=False)
+    check_node("linalg_lstsq", a, b, driver="gels", rtol=1e-9, atol=1e-10)
+    check_node("linalg_lstsq", a.mH, b[:, :3], driver="gelsd", rtol=1e-9, atol=1e-10)
+
+
+def test_lstsq_refusals():
+    a, b = rnd(5, 3, grad=False), rnd(5, 2, seed=1, grad=False)
+    with pytest.raises(Exception, match="residuals"):
+        check_node("linalg_lstsq", a, b, driver="gelsd")
+    with pytest.raises(Exception, match="complex"):
+        check_node("linalg_lstsq", a.to(C128), b.to(C128), driver="gelsy")

@@ -17,7 +17,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
@@ -73,8 +72,9 @@ def _from_rows(r, shape, axis: int):
 def _stable(s, *rest, axis=-1):
     """Stable ascending sort of ``s`` along ``axis``, carrying ``rest`` along."""
     iota = lax.broadcasted_iota(_I32, s.shape, axis if axis >= 0 else s.ndim + axis)
-    out = lax.sort((s, iota, *rest), dimension=axis if axis >= 0 else s.ndim + axis, num_keys=1,
-                   is_stable=True)
+    out = lax.sort(
+        (s, iota, *rest), dimension=axis if axis >= 0 else s.ndim + axis, num_keys=1, is_stable=True
+    )
     return out
 
 
@@ -92,26 +92,38 @@ def _lg(n: int) -> int:
 
 
 _GATHER = lax.GatherDimensionNumbers(
-    offset_dims=(), collapsed_slice_dims=(1,), start_index_map=(1,),
-    operand_batching_dims=(0,), start_indices_batching_dims=(0,),
+    offset_dims=(),
+    collapsed_slice_dims=(1,),
+    start_index_map=(1,),
+    operand_batching_dims=(0,),
+    start_indices_batching_dims=(0,),
 )
 _SCATTER = lax.ScatterDimensionNumbers(
-    update_window_dims=(), inserted_window_dims=(1,), scatter_dims_to_operand_dims=(1,),
-    operand_batching_dims=(0,), scatter_indices_batching_dims=(0,),
+    update_window_dims=(),
+    inserted_window_dims=(1,),
+    scatter_dims_to_operand_dims=(1,),
+    operand_batching_dims=(0,),
+    scatter_indices_batching_dims=(0,),
 )
 
 
 def _get(a, i):
     """``a[r, i[r]]`` for every row ``r`` (an index out of range is clamped)."""
-    return lax.gather(a, i[:, None], _GATHER, slice_sizes=(1, 1),
-                      mode=lax.GatherScatterMode.CLIP)
+    return lax.gather(a, i[:, None], _GATHER, slice_sizes=(1, 1), mode=lax.GatherScatterMode.CLIP)
 
 
 def _put(a, i, v, on):
     """``a[r, i[r]] = v[r]`` for the rows ``r`` where ``on``."""
     j = jnp.where(on, i, a.shape[1])[:, None]
-    return lax.scatter(a, j, v.astype(a.dtype), _SCATTER, indices_are_sorted=True,
-                       unique_indices=True, mode=lax.GatherScatterMode.FILL_OR_DROP)
+    return lax.scatter(
+        a,
+        j,
+        v.astype(a.dtype),
+        _SCATTER,
+        indices_are_sorted=True,
+        unique_indices=True,
+        mode=lax.GatherScatterMode.FILL_OR_DROP,
+    )
 
 
 def _cdiv2(a):
@@ -145,8 +157,9 @@ class _Machine:
         c_ = self.comp
         ka, kb, kc = _get(K, a), _get(K, b), _get(K, c)
         ab, bc, ac = c_(ka, kb), c_(kb, kc), c_(ka, kc)
-        pick = jnp.where(ab, jnp.where(bc, b, jnp.where(ac, c, a)),
-                         jnp.where(ac, a, jnp.where(bc, c, b)))
+        pick = jnp.where(
+            ab, jnp.where(bc, b, jnp.where(ac, c, a)), jnp.where(ac, a, jnp.where(bc, c, b))
+        )
         return self.swap(K, P, result, pick, on)
 
     def unguarded_partition(self, K, P, first, last, pivot, on):
@@ -154,16 +167,22 @@ class _Machine:
         pv = _get(K, pivot)
 
         def body(s, run):
-            K, P, f, l, go = s
-            f = _loop(lambda f: run & (f < n - 1) & comp(_get(K, f), pv),
-                      lambda f, r: jnp.where(r, f + 1, f), f)
-            l = jnp.where(run, l - 1, l)
-            l = _loop(lambda l: run & (l > 0) & comp(pv, _get(K, l)),
-                      lambda l, r: jnp.where(r, l - 1, l), l)
-            cross = ~(f < l)
+            K, P, f, e, go = s
+            f = _loop(
+                lambda f: run & (f < n - 1) & comp(_get(K, f), pv),
+                lambda f, r: jnp.where(r, f + 1, f),
+                f,
+            )
+            e = jnp.where(run, e - 1, e)
+            e = _loop(
+                lambda e: run & (e > 0) & comp(pv, _get(K, e)),
+                lambda e, r: jnp.where(r, e - 1, e),
+                e,
+            )
+            cross = ~(f < e)
             sw = run & ~cross
-            K, P = self.swap(K, P, f, l, sw)
-            return K, P, jnp.where(sw, f + 1, f), l, go & ~(run & cross)
+            K, P = self.swap(K, P, f, e, sw)
+            return K, P, jnp.where(sw, f + 1, f), e, go & ~(run & cross)
 
         K, P, f, _, _ = _loop(lambda s: s[4], body, (K, P, first, last, on))
         return K, P, f
@@ -202,8 +221,7 @@ class _Machine:
             K, P = self.move(K, P, first + hole, first + sc, run)
             return K, P, jnp.where(run, sc, hole), jnp.where(run, sc, second)
 
-        K, P, hole, second = _loop(lambda s: on & (s[3] < _cdiv2(ln - 1)), body,
-                                   (K, P, hole, hole))
+        K, P, hole, second = _loop(lambda s: on & (s[3] < _cdiv2(ln - 1)), body, (K, P, hole, hole))
         tail = on & ((ln & 1) == 0) & (second == _cdiv2(ln - 2))
         sc = 2 * (second + 1)
         K, P = self.move(K, P, first + hole, first + sc - 1, tail)
@@ -223,8 +241,11 @@ class _Machine:
 
         def cond(s):
             _, _, phase, c = s
-            return on & (((phase == 0) & (c >= 0)) | ((phase == 1) & (c < last))
-                         | ((phase == 2) & (c - first > 1)))
+            return on & (
+                ((phase == 0) & (c >= 0))
+                | ((phase == 1) & (c < last))
+                | ((phase == 2) & (c - first > 1))
+            )
 
         def body(s, run):
             K, P, phase, c = s
@@ -267,8 +288,11 @@ class _Machine:
                 K, P = self.move(K, P, j, j - 1, r)
                 return K, P, jnp.where(r, j - 1, j)
 
-            K, P, j = _loop(lambda t: run & (t[2] > first) & (rot | comp(v, _get(t[0], t[2] - 1))),
-                            shift, (K, P, i))
+            K, P, j = _loop(
+                lambda t: run & (t[2] > first) & (rot | comp(v, _get(t[0], t[2] - 1))),
+                shift,
+                (K, P, i),
+            )
             return _put(K, j, v, run), _put(P, j, pv, run), jnp.where(run, i + 1, i)
 
         K, P, _ = _loop(lambda s: on & (s[2] < last), body, (K, P, first + 1))
@@ -292,12 +316,12 @@ class _Machine:
                 K, P, stack, sp = s
                 sp = jnp.where(run, sp - 1, sp)
                 top = stack[r, jnp.clip(sp, 0, size - 1)]
-                f, l, d = top[:, 0], top[:, 1], top[:, 2]
-                big = run & (l - f > 16)
+                f, e, d = top[:, 0], top[:, 1], top[:, 2]
+                big = run & (e - f > 16)
                 heap, part = big & (d == 0), big & (d > 0)
-                K, P = self.heap(K, P, f, l, l, heap, sort=True)
-                K, P, cut = self.partition_pivot(K, P, f, l, part)
-                for lo, hi in ((cut, l), (f, cut)):
+                K, P = self.heap(K, P, f, e, e, heap, sort=True)
+                K, P, cut = self.partition_pivot(K, P, f, e, part)
+                for lo, hi in ((cut, e), (f, cut)):
                     entry = jnp.stack([lo, hi, d - 1], axis=1)
                     at = jnp.where(part, sp, size)
                     stack = stack.at[r, at].set(entry, mode="drop")
@@ -315,19 +339,19 @@ class _Machine:
         zero = jnp.zeros((rows,), _I32)
 
         def body(s, run):
-            K, P, f, l, depth, done = s
+            K, P, f, e, depth, done = s
             h = run & (depth == 0)
-            K, P = self.heap(K, P, f, nth + 1, l, h, sort=False)
+            K, P = self.heap(K, P, f, nth + 1, e, h, sort=False)
             K, P = self.swap(K, P, f, nth, h)
             p = run & ~h
-            K, P, cut = self.partition_pivot(K, P, f, l, p)
+            K, P, cut = self.partition_pivot(K, P, f, e, p)
             f = jnp.where(p & (cut <= nth), cut, f)
-            l = jnp.where(p & (cut > nth), cut, l)
-            return K, P, f, l, jnp.where(p, depth - 1, depth), done | h
+            e = jnp.where(p & (cut > nth), cut, e)
+            return K, P, f, e, jnp.where(p, depth - 1, depth), done | h
 
         init = (K, P, zero, zero + n, zero + 2 * _lg(n), jnp.zeros((rows,), bool))
-        K, P, f, l, _, done = _loop(lambda s: ~s[5] & (s[3] - s[2] > 3), body, init)
-        return self.insertion_sort(K, P, f, l, ~done)
+        K, P, f, e, _, done = _loop(lambda s: ~s[5] & (s[3] - s[2] > 3), body, init)
+        return self.insertion_sort(K, P, f, e, ~done)
 
     def partial_sort(self, K, P, k: int):
         """``std::partial_sort(first, first + k, last)``."""
@@ -357,11 +381,17 @@ class _Machine:
             def part(t, r):
                 K, P, i, j, go = t
                 i = jnp.where(r, i + 1, i)
-                i = _loop(lambda i: r & (i < n - 1) & gt(piv, _get(K, i)),
-                          lambda i, q: jnp.where(q, i + 1, i), i)
+                i = _loop(
+                    lambda i: r & (i < n - 1) & gt(piv, _get(K, i)),
+                    lambda i, q: jnp.where(q, i + 1, i),
+                    i,
+                )
                 j = jnp.where(r, j - 1, j)
-                j = _loop(lambda j: r & (j > 0) & gt(_get(K, j), piv),
-                          lambda j, q: jnp.where(q, j - 1, j), j)
+                j = _loop(
+                    lambda j: r & (j > 0) & gt(_get(K, j), piv),
+                    lambda j, q: jnp.where(q, j - 1, j),
+                    j,
+                )
                 brk = j < i
                 K, P = self.swap(K, P, i, j, r & ~brk)
                 return K, P, i, j, go & ~(r & brk)
@@ -413,7 +443,7 @@ def _machine_rows(s, axis, fn):
     """``fn(K, P) -> P`` on the rows of ``s`` along ``axis``; the positions, back in shape."""
     rows, shape = _to_rows(s, axis)
     p = fn(rows, _iota_rows(*rows.shape))
-    return _from_rows(p, shape[:-1] + (p.shape[-1],), axis)
+    return _from_rows(p, (*shape[:-1], p.shape[-1]), axis)
 
 
 def _sort(node, x, stable: bool):
@@ -547,7 +577,7 @@ def _kthvalue(node, x):
 # median, nanmedian
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _all_nan_index(n: int) -> int:
     """The index torch's nanmedian(dim) gives a row of n NaNs: std::nth_element(first, first,
     last) with a comparator false for every pair (introselect's partitions still swap)."""
@@ -583,8 +613,11 @@ def _median_dim(ignore_nan: bool):
             raise ValueError("median: a dim of size 0 has no median")
         # torch orders (value, index) pairs totally: the index is the stable order's.
         _, idx, _ = _stable(_key(x), x, axis=axis)
-        nans = (jnp.sum(jnp.isnan(x), axis=axis, keepdims=True).astype(_I32)
-                if _is_float(x) else jnp.zeros_like(lax.slice_in_dim(idx, 0, 1, axis=axis)))
+        nans = (
+            jnp.sum(jnp.isnan(x), axis=axis, keepdims=True).astype(_I32)
+            if _is_float(x)
+            else jnp.zeros_like(lax.slice_in_dim(idx, 0, 1, axis=axis))
+        )
         if ignore_nan:
             m = n - nans
             pos = jnp.where(m > 0, (m - 1) // 2, _all_nan_index(n))
@@ -608,7 +641,7 @@ def _median_all(ignore_nan: bool):
         if n == 0:
             raise ValueError("median: an empty tensor has no median")
         s = _key(flat)
-        ks, idx, vals = _stable(s, flat, axis=1)
+        _, _, vals = _stable(s, flat, axis=1)
         if _is_float(x):
             nans = jnp.sum(jnp.isnan(flat)).astype(_I32)
         else:
@@ -685,8 +718,8 @@ def _mode(node, x):
         value, index = lax.cond(nan, exact, lambda: fast) if _is_float(rows) else fast
     else:
         value, index = lax.cond(nan | jnp.any(_run_max(sv) > 1), exact, lambda: fast)
-    value = value.astype(x.dtype).reshape(shape[:-1] + (1,))
-    index = index.astype(idt).reshape(shape[:-1] + (1,))
+    value = value.astype(x.dtype).reshape((*shape[:-1], 1))
+    index = index.astype(idt).reshape((*shape[:-1], 1))
     value, index = jnp.moveaxis(value, -1, axis), jnp.moveaxis(index, -1, axis)
     return _keep(value, axis, keepdim), _keep(index, axis, keepdim)
 
@@ -787,8 +820,9 @@ def _compare_dtype(boundaries, value):
     from ir_runtime._dtypes import to_numpy_dtype
     from ir_runtime._frontend._record import ir_dtype
 
-    b = torch.empty((1,) * max(boundaries.ndim, 1), dtype=_torch_dtype(boundaries.dtype),
-                    device="meta")
+    b = torch.empty(
+        (1,) * max(boundaries.ndim, 1), dtype=_torch_dtype(boundaries.dtype), device="meta"
+    )
     if not isinstance(value, (bool, int, float)):
         value = torch.empty(value.shape, dtype=_torch_dtype(value.dtype), device="meta")
     return to_numpy_dtype(ir_dtype(torch.result_type(b, value)))
@@ -851,8 +885,7 @@ def _bucketize(node, values, boundaries, scalar):
     if boundaries.ndim != 1:
         raise ValueError(f"bucketize: boundaries must be 1-D (got {boundaries.ndim}-D)")
     dt = _compare_dtype(boundaries, scalar if scalar is not None else values)
-    out = _binary_search(boundaries.astype(dt), jnp.asarray(values).astype(dt),
-                         node.attrs["right"])
+    out = _binary_search(boundaries.astype(dt), jnp.asarray(values).astype(dt), node.attrs["right"])
     return out.astype(out_dtype(node))
 
 
@@ -1005,7 +1038,7 @@ def _outer_edges(x2, rng, op: str):
             raise ValueError(f"{op}: range needs {2 * d} numbers for {d} dims, got {len(rng)}")
         lo = [float(rng[2 * k]) for k in range(d)]
         hi = [float(rng[2 * k + 1]) for k in range(d)]
-        for a, b in zip(lo, hi):
+        for a, b in zip(lo, hi, strict=True):
             if not (math.isfinite(a) and math.isfinite(b)):
                 raise ValueError(f"{op}: range [{a}, {b}] is not finite")
             if a > b:
@@ -1023,7 +1056,9 @@ def _outer_edges(x2, rng, op: str):
 
 def _check_hist_input(op: str, x):
     if not _is_float(x):
-        raise ValueError(f"{op}: input must be floating point (torch's CPU kernel is), got {x.dtype}")
+        raise ValueError(
+            f"{op}: input must be floating point (torch's CPU kernel is), got {x.dtype}"
+        )
 
 
 def _nan_if(bad, a):
@@ -1073,8 +1108,7 @@ def _histogram_bins_tensor(node, x, bins, weight):
     _check_hist_input("histogram", x)
     if bins.ndim != 1 or bins.shape[0] == 0:
         raise ValueError("histogram: bins must be a 1-D tensor with at least one edge")
-    hist = _hist(x.reshape(-1, 1), [bins.astype(x.dtype)], weight, node.attrs["density"],
-                 "search")
+    hist = _hist(x.reshape(-1, 1), [bins.astype(x.dtype)], weight, node.attrs["density"], "search")
     return hist, bins
 
 
@@ -1163,8 +1197,12 @@ def _by_segment(values, seg, inside, s: int, combine: str):
     b, size, inner = values.shape
     gid = jnp.where(inside, jnp.arange(b)[:, None] * s + seg, b * s).reshape(-1)
     flat = values.reshape(b * size, inner)
-    fn = {"sum": jax.ops.segment_sum, "max": jax.ops.segment_max,
-          "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}[combine]
+    fn = {
+        "sum": jax.ops.segment_sum,
+        "max": jax.ops.segment_max,
+        "min": jax.ops.segment_min,
+        "prod": jax.ops.segment_prod,
+    }[combine]
     return fn(flat, gid, num_segments=b * s + 1)[: b * s].reshape(b, s, inner)
 
 
@@ -1201,7 +1239,7 @@ def _segment_reduce(node, data, lengths, indices, offsets):
         if initial is not None:
             init = jnp.asarray(initial, dt)
             out = {"max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}[reduce](init, out)
-    shape = lead + (s,) + data.shape[len(lead) + 1 :]
+    shape = (*lead, s, *data.shape[len(lead) + 1 :])
     return out.reshape(shape).astype(out_dtype(node))
 
 
@@ -1220,7 +1258,7 @@ def _segment_reduce_backward(node, grad, output, data, lengths, offsets):
     op = "segment_reduce backward"
     reduce = _reduce_name(op, node.attrs["reduce"])
     initial = node.attrs["initial"]
-    seg, inside, lens, d3, lead = _segments(op, data, lengths, offsets, node.attrs["axis"])
+    seg, inside, lens, d3, _ = _segments(op, data, lengths, offsets, node.attrs["axis"])
     b, size, inner = d3.shape
     s = lens.shape[1]
     dt = d3.dtype
