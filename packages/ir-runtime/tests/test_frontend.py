@@ -633,3 +633,23 @@ def test_unreduced_margin_losses_of_a_1_d_input_are_0_d_as_on_the_cpu():
         got = irt.to_torch(loss(irt.to_lazy(x), irt.to_lazy(target), reduction="none"))
         assert got.shape == want.shape == ()
         torch.testing.assert_close(got, want)
+
+
+def test_writes_through_real_imag_and_view_as_real_reach_the_complex_tensor():
+    x0 = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex128)
+    for write in (
+        lambda t: t.real.mul_(2),
+        lambda t: t.imag.add_(1),
+        lambda t: torch.view_as_real(t)[:, 1].mul_(3),
+    ):
+        want, got = x0.clone(), irt.to_lazy(x0.clone())
+        write(want)
+        write(got)
+        assert torch.equal(irt.to_torch(got), want)
+    # complex QR's backward writes through view_as_real
+    a = torch.randn(4, 3, dtype=torch.complex128, requires_grad=True)
+    lazy = irt.to_lazy(a.detach()).requires_grad_()
+    for m in (a, lazy):
+        q, r = torch.linalg.qr(m)
+        (q.abs().sum() + r.abs().sum()).backward()
+    torch.testing.assert_close(irt.to_torch(lazy.grad), a.grad)

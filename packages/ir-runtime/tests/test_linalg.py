@@ -74,7 +74,12 @@ def _assert_same(got, want, rtol, atol, what):
             f"{what} {k}: {a.dtype}{list(a.shape)}, eager {b.dtype}{list(b.shape)}"
         )
         torch.testing.assert_close(
-            a, b.detach(), rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what} {k}: {m}"
+            a,
+            b.detach(),
+            rtol=rtol,
+            atol=atol,
+            equal_nan=True,
+            msg=lambda m, k=k: f"{what} {k}: {m}",
         )
 
 
@@ -327,8 +332,9 @@ def test_inv_ex_batched_and_info():
 
 
 def test_inv_ex_float32():
-    compare(lambda a: torch.linalg.inv_ex(a), well_conditioned(3, 5, 5, dtype=F32), rtol=1e-5,
-            atol=1e-6)
+    compare(
+        lambda a: torch.linalg.inv_ex(a), well_conditioned(3, 5, 5, dtype=F32), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_det_and_its_lu_of_the_transpose():
@@ -483,6 +489,9 @@ def test_eig_invariants():
 
     compare(fn, a)
     compare(lambda a: torch.linalg.eigvals(a), a)
+    # eigvals of a lazy tensor records linalg_eig (a tensor subclass may need gradients);
+    # _linalg_eigvals, its no-gradient form, directly (it has no derivative)
+    compare(lambda a: aten._linalg_eigvals(a), a.detach(), grads=False)
 
 
 def test_eig_reconstructs_its_matrix():
@@ -546,7 +555,7 @@ def test_ldl_factor_and_solve(n):
 def test_ldl_two_by_two_pivots_and_singular_matrices():
     a = _symmetric(6, F64, seed=3, hermitian=False).clone()
     a[:, range(6), range(6)] = 1e-3  # tiny diagonal: Bunch-Kaufman takes 2x2 blocks
-    ld, pivots, info = torch.linalg.ldl_factor_ex(a)
+    ld, pivots, _ = torch.linalg.ldl_factor_ex(a)
     assert bool((pivots < 0).any())
     compare(lambda a: torch.linalg.ldl_factor_ex(a), a, grads=False)
     compare(lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b), ld, pivots, rnd(6, 3), grads=False)

@@ -191,6 +191,26 @@ def _margin_loss(func):
     return shapes
 
 
+def _lstsq(a, b, rcond=None, *, driver=None):
+    """linalg_lstsq's outputs: solution, residuals, rank, singular values, as the CPU kernel
+    gives them for its driver (gelsy by default)."""
+    driver = driver or "gelsy"
+    m, n = a.shape[-2:]
+    vector = b.dim() == 1 or (b.dim() == a.dim() - 1 and b.shape == a.shape[:-1])
+    b2 = b.unsqueeze(-1) if vector else b
+    batch = torch.broadcast_shapes(a.shape[:-2], b2.shape[:-2])
+    k = b2.shape[-1]
+    real = a.real.dtype if a.is_complex() else a.dtype
+    return (
+        a.new_empty((*batch, n) if vector else (*batch, n, k)),
+        a.new_empty((*batch, k) if m > n and driver != "gelsy" else (0,), dtype=real),
+        a.new_empty(a.shape[:-2] if driver != "gels" else (0,), dtype=torch.int64),
+        a.new_empty(
+            (*a.shape[:-2], min(m, n)) if driver in ("gelsd", "gelss") else (0,), dtype=real
+        ),
+    )
+
+
 _aten = torch.ops.aten
 # Output shapes (as meta tensors) of the ATen ops torch has no meta kernel for, or whose meta
 # kernel disagrees with the CPU kernel; the rest come from torch's meta kernels.
@@ -203,6 +223,7 @@ _NO_META = {
         torch.empty_like(x),
         x.new_empty((*x.shape[:-2], min(x.shape[-2], x.shape[-1]))),
     ),
+    _aten.linalg_lstsq.default: _lstsq,
     _aten.multi_margin_loss.default: _margin_loss(_aten.multi_margin_loss.default),
     _aten.multilabel_margin_loss_forward.default: _margin_loss(
         _aten.multilabel_margin_loss_forward.default

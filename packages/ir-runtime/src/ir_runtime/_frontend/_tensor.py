@@ -268,6 +268,12 @@ def write_through(t: LazyTensor) -> None:
             value = record(aten.select_scatter.default, (base, new, *rest), kwargs)
         elif name == "aten::slice":
             value = record(aten.slice_scatter.default, (base, new, *rest), kwargs)
+        elif name == "aten::view_as_real":
+            value = record(aten.view_as_complex.default, (new,), {})
+        elif name in ("aten::real", "aten::imag"):
+            other = record(aten.imag.default if name == "aten::real" else aten.real.default, (base,), {})
+            parts = (new, other) if name == "aten::real" else (other, new)
+            value = record(aten.complex.default, parts, {})
         elif name == "aten::as_strided":
             value = record(aten.as_strided_scatter.default, (base, new, *rest), kwargs)
         elif name == "aten::diagonal":

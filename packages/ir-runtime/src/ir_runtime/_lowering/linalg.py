@@ -1,12 +1,17 @@
 """Linear algebra: factorizations, solves, inverses, determinants, eigen- and singular-value
-decompositions, through jax.numpy.linalg and jax.scipy.linalg.
+decompositions, least squares, through jax.numpy.linalg, jax.scipy.linalg and jax.lax.linalg.
 
 Each rule gives exactly what torch's CPU kernel gives, its auxiliary outputs included: LU and
-pivots (LAPACK's, 1-based, int32), info codes, and where torch factors ``A.mT`` instead of ``A``
-(``_linalg_det`` and ``_linalg_slogdet`` factor the transpose of a contiguous real matrix, and
-their backward formulas solve with the adjoint to match; a lazy tensor is always contiguous). Whatever cannot be computed as torch does (LU
-without pivoting, a non-default SVD driver, raising on a failed factorization) is refused with
-a message naming the op and the argument.
+pivots (LAPACK's, 1-based, int32), info codes, and LU of ``A.mT`` where torch factors the
+transpose (``_linalg_det`` and ``_linalg_slogdet`` do for a contiguous real matrix, and their
+backward formulas solve with the adjoint to match; a lazy tensor is always contiguous). LDL
+(Bunch-Kaufman) and gelsy's rank estimate follow LAPACK's algorithms step for step. Whatever
+cannot be computed as torch does (LU without pivoting, a cuSOLVER SVD driver, raising on a
+failed factorization, a shape that depends on the values) is refused with a message naming the
+op and the argument.
+
+Singular vectors and eigenvectors are unique up to a sign (a phase): XLA's LAPACK and torch's
+MKL may pick different ones; the subspaces, reconstructions and sign-invariant gradients agree.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def _empty(node, k: int):
 
 
 def _eye_like(n: int, batch: tuple, dtype):
-    return jnp.broadcast_to(jnp.eye(n, dtype=dtype), tuple(batch) + (n, n))
+    return jnp.broadcast_to(jnp.eye(n, dtype=dtype), (*tuple(batch), n, n))
 
 
 def _refuse_check_errors(node, op: str):
@@ -104,7 +109,7 @@ def _tri_solve(a, b, *, lower: bool, left: bool = True, unit: bool = False, tran
 def _pivots_to_perm(pivots, m: int):
     """LAPACK's 1-based row interchanges as the permutation ``perm``: ``A[perm] = L @ U``."""
     if pivots.shape[-1] == 0:
-        return jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), pivots.shape[:-1] + (m,))
+        return jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), (*pivots.shape[:-1], m))
     return lax_linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
 
 
@@ -115,7 +120,7 @@ def _lu_factor(a):
     k = min(m, n)
     batch = a.shape[:-2]
     if k == 0:
-        return a, jnp.zeros(batch + (0,), jnp.int32), jnp.zeros(batch, jnp.int32)
+        return a, jnp.zeros((*batch, 0), jnp.int32), jnp.zeros(batch, jnp.int32)
     lu, pivots, _ = lax_linalg.lu(a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     zero = diag == 0
@@ -185,9 +190,11 @@ def _cholesky_info(h):
     def step(j, carry):
         low, info = carry
         row = lax.dynamic_index_in_dim(low, j, axis=-2, keepdims=False)  # L[j, :j], zeros after
-        a_jj = jnp.real(lax.dynamic_index_in_dim(
-            lax.dynamic_index_in_dim(h, j, axis=-2, keepdims=False), j, axis=-1, keepdims=False
-        ))
+        a_jj = jnp.real(
+            lax.dynamic_index_in_dim(
+                lax.dynamic_index_in_dim(h, j, axis=-2, keepdims=False), j, axis=-1, keepdims=False
+            )
+        )
         d = a_jj - jnp.sum(jnp.abs(row) ** 2, axis=-1)
         fail = ~(d > 0)
         info = jnp.where((info == 0) & fail, j + 1, info)
@@ -198,9 +205,7 @@ def _cholesky_info(h):
         low = lax.dynamic_update_index_in_dim(low, col[..., :, None], j, axis=-1)
         return low, info
 
-    _, info = lax.fori_loop(
-        0, n, step, (jnp.zeros_like(h), jnp.zeros(batch, jnp.int32))
-    )
+    _, info = lax.fori_loop(0, n, step, (jnp.zeros_like(h), jnp.zeros(batch, jnp.int32)))
     return info
 
 
@@ -213,9 +218,7 @@ def _cholesky(a, upper: bool):
         return a, jnp.zeros(batch, jnp.int32)
     low = jnp.tril(lax_linalg.cholesky(h, symmetrize_input=False))
     failed = jnp.any(jnp.isnan(low))
-    info = lax.cond(
-        failed, _cholesky_info, lambda h: jnp.zeros(batch, jnp.int32), h
-    )
+    info = lax.cond(failed, _cholesky_info, lambda h: jnp.zeros(batch, jnp.int32), h)
     return (_mH(low) if upper else low), info
 
 
@@ -479,8 +482,8 @@ def _ormqr(node, a, tau, c):
         return c.astype(dtype)
     # Q (m x m) from the reflectors, padded with identity reflectors (tau 0).
     m, k = a.shape[-2], tau.shape[-1]
-    full = jnp.zeros(batch + (m, m), dtype).at[..., :, :k].set(a[..., :, :k].astype(dtype))
-    taus = jnp.zeros(batch + (m,), dtype).at[..., :k].set(tau.astype(dtype))
+    full = jnp.zeros((*batch, m, m), dtype).at[..., :, :k].set(a[..., :, :k].astype(dtype))
+    taus = jnp.zeros((*batch, m), dtype).at[..., :k].set(tau.astype(dtype))
     q = lax_linalg.householder_product(full, taus)
     if transpose:
         q = _mH(q)
@@ -537,11 +540,8 @@ def _linalg_eigh(node, a):
 
 
 def _eig(a, vectors: bool):
-    if a.shape[-1] == 0:
-        return jnp.zeros(a.shape[:-1], jnp.result_type(a.dtype, jnp.complex64)), None
-    out = lax_linalg.eig(
-        a, compute_left_eigenvectors=False, compute_right_eigenvectors=vectors
-    )
+    """(eigenvalues, right eigenvectors or None) of a non-empty square ``a``."""
+    out = lax_linalg.eig(a, compute_left_eigenvectors=False, compute_right_eigenvectors=vectors)
     return out[0], (out[1] if vectors else None)
 
 
@@ -570,7 +570,7 @@ def _linalg_matrix_exp(node, a):
         return a.astype(out_dtype(node))
     if a.ndim == 2:
         return jsl.expm(a).astype(out_dtype(node))
-    flat = a.reshape((-1,) + a.shape[-2:])
+    flat = a.reshape((-1, *a.shape[-2:]))
     out = jax.vmap(jsl.expm)(flat)
     return out.reshape(a.shape).astype(out_dtype(node))
 
@@ -738,15 +738,16 @@ def _ldl_factor_one(a, hermitian: bool):
 
 
 def _batched(fn, core_ndims: tuple, *args):
-    """``fn`` on one matrix, vmapped over the leading dims of ``args`` (all the same batch)."""
+    """``fn`` on one matrix (each argument with ``core_ndims`` dims), vmapped over the leading
+    dims of ``args`` (the same batch for all)."""
     batch = args[0].shape[: args[0].ndim - core_ndims[0]]
-    flat = [x.reshape((-1,) + x.shape[x.ndim - c :]) for x, c in zip(args, core_ndims, strict=True)]
-    outs = jax.vmap(fn)(*flat) if batch != () else fn(*args)
     if batch == ():
-        return outs
-    return tuple(o.reshape(batch + o.shape[1:]) for o in outs) if isinstance(outs, tuple) else (
-        outs.reshape(batch + outs.shape[1:])
-    )
+        return fn(*args)
+    flat = [x.reshape((-1, *x.shape[x.ndim - c :])) for x, c in zip(args, core_ndims, strict=True)]
+    outs = jax.vmap(fn)(*flat)
+    if isinstance(outs, tuple):
+        return tuple(o.reshape(batch + o.shape[1:]) for o in outs)
+    return outs.reshape(batch + outs.shape[1:])
 
 
 @register("aten::linalg_ldl_factor_ex.default")
@@ -834,7 +835,7 @@ def _linalg_ldl_solve(node, ld, pivots, b):
     b = _batch_to(b, batch).astype(dtype)
     if ld.shape[-1] == 0 or b.shape[-1] == 0:
         return b
-    return _batched(lambda l, p, x: _ldl_solve_one(l, p, x, hermitian), (2, 1, 2), ld, pivots, b)
+    return _batched(lambda f, p, x: _ldl_solve_one(f, p, x, hermitian), (2, 1, 2), ld, pivots, b)
 
 
 # -- least squares -----------------------------------------------------------------------------
@@ -869,10 +870,12 @@ def _laic1(job: int, x, sest, w, gamma, eps):
         t1, t2 = absest / safe(tmp), absalp / safe(tmp)
         branches.append((absgam <= eps * absest, (tmp * jnp.sqrt(t1 * t1 + t2 * t2), one, 0 * one)))
         le = absgam <= absest
-        branches.append((
-            absalp <= eps * absest,
-            (jnp.where(le, absest, absgam), jnp.where(le, 1.0, 0.0), jnp.where(le, 0.0, 1.0)),
-        ))
+        branches.append(
+            (
+                absalp <= eps * absest,
+                (jnp.where(le, absest, absgam), jnp.where(le, 1.0, 0.0), jnp.where(le, 0.0, 1.0)),
+            )
+        )
         le = absgam <= absalp
         tmp_a = absgam / safe(absalp)
         sa = jnp.sqrt(1 + tmp_a * tmp_a)
@@ -901,10 +904,12 @@ def _laic1(job: int, x, sest, w, gamma, eps):
         branches.append((sest == 0, (0 * one, s_ / tmp, c_ / tmp)))
         branches.append((absgam <= eps * absest, (absgam, 0 * one, one)))
         le = absgam <= absest
-        branches.append((
-            absalp <= eps * absest,
-            (jnp.where(le, absgam, absest), jnp.where(le, 0.0, 1.0), jnp.where(le, 1.0, 0.0)),
-        ))
+        branches.append(
+            (
+                absalp <= eps * absest,
+                (jnp.where(le, absgam, absest), jnp.where(le, 0.0, 1.0), jnp.where(le, 1.0, 0.0)),
+            )
+        )
         le = absgam <= absalp
         tmp_a = absgam / safe(absalp)
         ca = jnp.sqrt(1 + tmp_a * tmp_a)
@@ -926,7 +931,9 @@ def _laic1(job: int, x, sest, w, gamma, eps):
         est0 = jnp.sqrt(t0 + 4 * eps * eps * norma) * absest
         b1 = (z2 * z2 + z1 * z1 - 1) * 0.5
         c1 = z1 * z1
-        t1 = jnp.where(b1 >= 0, -c1 / safe(b1 + jnp.sqrt(b1 * b1 + c1)), b1 - jnp.sqrt(b1 * b1 + c1))
+        t1 = jnp.where(
+            b1 >= 0, -c1 / safe(b1 + jnp.sqrt(b1 * b1 + c1)), b1 - jnp.sqrt(b1 * b1 + c1)
+        )
         sine1, cosine1 = -z1 / safe(t1), -z2 / safe(1 + t1)
         est1 = jnp.sqrt(1 + t1 + 4 * eps * eps * norma) * absest
         close = test >= 0
@@ -1027,7 +1034,7 @@ def _linalg_lstsq(node, a, b):
         rcond = float(jnp.finfo(real).eps) * max(m, n)
     outs = [None, _empty(node, 1), _empty(node, 2), _empty(node, 3)]
     if k == 0:
-        x = jnp.zeros(batch + (n, b_.shape[-1]), dtype)
+        x = jnp.zeros((*batch, n, b_.shape[-1]), dtype)
     elif driver == "gels":
         if m >= n:
             q, r = jnp.linalg.qr(a_b, mode="complete")
