@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-import ir_runtime as irt  # noqa: E402
+import ir_runtime as irt
 
 irt.init(cpu_devices=8)
 
@@ -40,7 +40,7 @@ def main():
         o = opinfo.check(op, args.samples)
         results[name] = {"values": o.values, "grads": o.grads, "detail": o.detail}
         if not args.quiet or o.values != "pass" or o.grads not in ("pass", None):
-            print(f"{name:44s} {o.values:6s} {str(o.grads):6s} {o.detail[:160]}", flush=True)
+            print(f"{name:44s} {o.values:6s} {o.grads!s:6s} {o.detail[:160]}", flush=True)
     values = collections.Counter(r["values"] for r in results.values())
     grads = collections.Counter(r["grads"] for r in results.values() if r["grads"])
     n_grad = sum(grads.values())

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 import ir_runtime as irt
-from ir_core import DeviceData, Generic, Shape, Value
+from ir_core import Generic, Shape, Value
 from ir_runtime._frontend._record import TORCH_TO_IR, plan_of, prepare
 from ir_runtime._frontend._tensor import as_value
 
@@ -35,12 +35,11 @@ def overload(name):
 def record(name, args, kwargs):
     """The IR node of ``aten::name(*args, **kwargs)`` exactly as the front end records it (its
     own argument preparation: host tensors become DeviceData holding the same values, every
-    default an attribute), its torch result, its leaves."""
+    default an attribute), and its torch result."""
     fn = overload(name)
     expected = fn(*args, **kwargs)
     plan = plan_of(fn)
     _, operands, attrs = prepare(plan, args, kwargs, as_value)
-    leaves = [v.node for v in operands if isinstance(v.node, DeviceData)]
     outs = expected if isinstance(expected, (tuple, list)) else (expected,)
     node = Generic(plan.op, operands, [shape_of(o) for o in outs], attrs)
     return node, outs

@@ -172,10 +172,13 @@ def _grad_inputs(args, kwargs):
 
 
 def _contiguous(sample):
-    copy = lambda t: t.detach().clone(memory_format=torch.contiguous_format).requires_grad_(
-        t.requires_grad
-    )
-    return sample.transform(lambda t: copy(t) if isinstance(t, torch.Tensor) else t)
+    def copy(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        fresh = t.detach().clone(memory_format=torch.contiguous_format)
+        return fresh.requires_grad_(t.requires_grad)
+
+    return sample.transform(copy)
 
 
 def _values(op, sample, rtol, atol):

@@ -12,9 +12,8 @@ some test against eager, these samples or another module's.
 
 from __future__ import annotations
 
-import pytest
-
 import opinfo
+import pytest
 from opinfo_known_failures import KNOWN_FAILURES
 
 SAMPLES = 3  # the first three samples of each op, as the coverage figures are measured

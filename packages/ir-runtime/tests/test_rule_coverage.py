@@ -4,6 +4,7 @@
 from pathlib import Path
 
 import conftest
+
 import ir_runtime as irt
 from ir_runtime import _schema
 

@@ -452,6 +452,19 @@ def test_segment_reduce(reduce):
             data,
             offsets,
         )
+    # -0.0 against 0.0: torch's fold keeps the earlier of two equal values
+    zeros = torch.tensor([-0.0, 0.0, 0.0, -0.0, -1.0, 5.0])
+    check(
+        lambda d, n: torch.segment_reduce(d, reduce, lengths=n, initial=-0.0),
+        -torch.zeros(4),
+        torch.tensor([2, 0, 2]),
+    )
+    for initial in (None, 0.0, -0.0):
+        check(
+            lambda d, n, i=initial: torch.segment_reduce(d, reduce, lengths=n, initial=i),
+            zeros,
+            torch.tensor([2, 2, 2]),
+        )
     # gradients (max/min with ties: torch divides by the count only the positive ones)
     clean = data.nan_to_num(4.0)
     check(lambda d, n: torch.segment_reduce(d, reduce, lengths=n), clean, lengths, grad=True)

@@ -50,7 +50,10 @@ def recordable(op: str) -> bool:
     found = overload(op)
     return found is not None and any(
         isinstance(r.type, torch.TensorType)
-        or (isinstance(r.type, torch.ListType) and isinstance(r.type.getElementType(), torch.TensorType))
+        or (
+            isinstance(r.type, torch.ListType)
+            and isinstance(r.type.getElementType(), torch.TensorType)
+        )
         for r in found._schema.returns
     )
 

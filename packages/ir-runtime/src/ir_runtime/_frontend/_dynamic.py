@@ -185,6 +185,8 @@ def _ctc_loss_lengths(func, args, kwargs):
     for k in ("input_lengths", "target_lengths"):
         v = b[k]
         b[k] = (to_torch(v) if isinstance(v, LazyTensor) else v).tolist()
-    target = aten._ctc_loss.default if func is aten._ctc_loss.Tensor else aten._ctc_loss_backward.default
+    target = (
+        aten._ctc_loss.default if func is aten._ctc_loss.Tensor else aten._ctc_loss_backward.default
+    )
     names = [a.name for a in target._schema.arguments]
     return dispatch(target, [b[n] for n in names if n in b], {})

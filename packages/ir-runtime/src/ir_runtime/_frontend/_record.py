@@ -168,6 +168,7 @@ def scalar_leaf(value, dtype: str) -> Value:
 
 _META: dict = {}
 
+
 def _like(k: int):
     return lambda *args, **kwargs: torch.empty_like(args[k])
 

@@ -271,7 +271,9 @@ def write_through(t: LazyTensor) -> None:
         elif name == "aten::view_as_real":
             value = record(aten.view_as_complex.default, (new,), {})
         elif name in ("aten::real", "aten::imag"):
-            other = record(aten.imag.default if name == "aten::real" else aten.real.default, (base,), {})
+            other = record(
+                aten.imag.default if name == "aten::real" else aten.real.default, (base,), {}
+            )
             parts = (new, other) if name == "aten::real" else (other, new)
             value = record(aten.complex.default, parts, {})
         elif name == "aten::as_strided":
@@ -496,7 +498,9 @@ def _native_batch_norm_legit(func, args, kwargs):
     rebind the stats to its results. In eval mode torch saves no statistics (shape [0])."""
     x, weight, bias, running_mean, running_var, training, momentum, eps = args[:8]
     if not training:
-        out = record(aten._native_batch_norm_legit_no_training.default, args[:5] + (momentum, eps), {})
+        out = record(
+            aten._native_batch_norm_legit_no_training.default, (*args[:5], momentum, eps), {}
+        )
         empty = record(aten.new_zeros.default, (x, [0]), {})
         return out[0], empty, wrap(empty._ir)
     if running_mean is None:

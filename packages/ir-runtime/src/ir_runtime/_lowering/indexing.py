@@ -139,7 +139,7 @@ def _index_select(node, x, index):
 
 def _index_source(source, x, dim):
     """index_add/copy's source, its indexed dim as in x's layout (0-d sources as 1 element)."""
-    return source.reshape(x.shape[:dim] + (-1,) + x.shape[dim + 1 :]).astype(x.dtype)
+    return source.reshape((*x.shape[:dim], -1, *x.shape[dim + 1 :])).astype(x.dtype)
 
 
 @register("aten::index_add.default")

@@ -4,11 +4,8 @@ rule, so the pair always agrees."""
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from ir_runtime._lowering._registry import norm_dim, out_dtype, register
@@ -184,9 +181,7 @@ def _batch_norm(node, x, weight, bias, running_mean, running_var, training):
 
 @register("aten::native_batch_norm.default", "aten::_native_batch_norm_legit.default")
 def _native_batch_norm(node, x, weight, bias, running_mean, running_var):
-    return _batch_norm(
-        node, x, weight, bias, running_mean, running_var, node.attrs["training"]
-    )
+    return _batch_norm(node, x, weight, bias, running_mean, running_var, node.attrs["training"])
 
 
 @register("aten::_native_batch_norm_legit.no_stats")

@@ -19,7 +19,6 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 from jax import lax
 
 from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
@@ -206,9 +205,7 @@ def _upsample_rules(kind: str, forward: str, backward: str, n: int, has_align: b
             # applies a given scale there: the gradient torch gives.
             return grad.astype(out_dtype(node))
         primal = jnp.zeros(tuple(node.attrs["input_size"]), ct)
-        _, vjp = jax.vjp(
-            lambda v: _resample(kind, v, size, align, scales, backward, False), primal
-        )
+        _, vjp = jax.vjp(lambda v: _resample(kind, v, size, align, scales, backward, False), primal)
         return vjp(grad.astype(ct))[0].astype(out_dtype(node))
 
     return rule, rule_backward
@@ -231,20 +228,32 @@ for _n in (1, 2, 3):
     )
 for _name, _n in (("linear1d", 1), ("bilinear2d", 2), ("trilinear3d", 3)):
     _upsample_rules(
-        "linear", f"aten::upsample_{_name}.default", f"aten::upsample_{_name}_backward.default",
-        _n, True,
+        "linear",
+        f"aten::upsample_{_name}.default",
+        f"aten::upsample_{_name}_backward.default",
+        _n,
+        True,
     )
 _upsample_rules(
-    "cubic", "aten::upsample_bicubic2d.default", "aten::upsample_bicubic2d_backward.default",
-    2, True,
+    "cubic",
+    "aten::upsample_bicubic2d.default",
+    "aten::upsample_bicubic2d_backward.default",
+    2,
+    True,
 )
 _upsample_rules(
-    "aa_linear", "aten::_upsample_bilinear2d_aa.default",
-    "aten::_upsample_bilinear2d_aa_backward.default", 2, True,
+    "aa_linear",
+    "aten::_upsample_bilinear2d_aa.default",
+    "aten::_upsample_bilinear2d_aa_backward.default",
+    2,
+    True,
 )
 _upsample_rules(
-    "aa_cubic", "aten::_upsample_bicubic2d_aa.default",
-    "aten::_upsample_bicubic2d_aa_backward.default", 2, True,
+    "aa_cubic",
+    "aten::_upsample_bicubic2d_aa.default",
+    "aten::_upsample_bicubic2d_aa_backward.default",
+    2,
+    True,
 )
 
 
@@ -365,9 +374,7 @@ def _grid_sampler_backward(node, grad, x, grid):
     a = node.attrs
     args = (a["interpolation_mode"], a["padding_mode"], a["align_corners"], node.op)
     ct = _compute_dtype(x.dtype)
-    _, vjp = jax.vjp(
-        lambda v, g: _grid_sample(v, g, *args), x.astype(ct), grid.astype(ct)
-    )
+    _, vjp = jax.vjp(lambda v, g: _grid_sample(v, g, *args), x.astype(ct), grid.astype(ct))
     gx, gg = vjp(grad.astype(ct))
     if len(node.shapes) == 1:
         return gg.astype(out_dtype(node, 0))
@@ -405,7 +412,7 @@ def _embedding_bag(node, weight, indices, offsets, per_sample_weights):
         raise ValueError("_embedding_bag: per_sample_weights only works with mode='sum'")
     if mode not in (_SUM, _MEAN, _MAX):
         raise ValueError(f"_embedding_bag: mode {mode} is not supported")
-    num_bags, dim = out_dims(node)
+    num_bags, _ = out_dims(node)
     n = indices.shape[0]
     dt = out_dtype(node)
     bag = _bag_of(offsets, n, num_bags)
@@ -702,8 +709,7 @@ class _Ctc:
         else:
             if targets.shape[1] < L:
                 raise ValueError(
-                    f"_ctc_loss: targets have {targets.shape[1]} columns, target lengths "
-                    f"reach {L}"
+                    f"_ctc_loss: targets have {targets.shape[1]} columns, target lengths reach {L}"
                 )
             tg = targets[:, :L]
         tg = jnp.clip(tg.astype(jnp.int32), 0, C - 1)
@@ -738,7 +744,7 @@ def _shift(x, k: int, fill):
     """x shifted right (k > 0) or left (k < 0) along its last axis, ``fill`` coming in."""
     if abs(k) >= x.shape[-1]:
         return jnp.full(x.shape, fill, x.dtype)
-    pad = jnp.full(x.shape[:-1] + (abs(k),), fill, x.dtype)
+    pad = jnp.full((*x.shape[:-1], abs(k)), fill, x.dtype)
     if k > 0:
         return jnp.concatenate([pad, x[..., :-k]], axis=-1)
     return jnp.concatenate([x[..., -k:], pad], axis=-1)
@@ -756,9 +762,7 @@ def _ctc_loss(node, log_probs, targets):
     else:
         s = jnp.arange(S)[None]
         has_target = jnp.asarray(c.tg_lens > 0)[:, None]
-        alpha0 = jnp.where(
-            s == 0, c.lp_ext[0], jnp.where((s == 1) & has_target, c.lp_ext[0], ninf)
-        )
+        alpha0 = jnp.where(s == 0, c.lp_ext[0], jnp.where((s == 1) & has_target, c.lp_ext[0], ninf))
         alpha0 = jnp.where(c.valid_s, alpha0, ninf)
 
         def step(alpha, lp_t):
@@ -809,9 +813,7 @@ def _ctc_loss_backward(node, grad, log_probs, targets, nll, log_alpha):
 
     def step(beta, xs):
         lp_t, t = xs
-        init = jnp.where(
-            (s == two_l) | ((s == two_l - 1) & (two_l > 0)), lp_t, ninf
-        )
+        init = jnp.where((s == two_l) | ((s == two_l - 1) & (two_l > 0)), lp_t, ninf)
         lb3 = jnp.where(c.skip_back, _shift(beta, -2, _NEG_INF), ninf)
         rec = _logadd3(beta, _shift(beta, -1, _NEG_INF), lb3) + lp_t
         new = jnp.where(t == start, init, jnp.where(t < start, rec, ninf))
@@ -994,7 +996,7 @@ def _unfold_windows(x, dim: int, size: int, step: int, dims):
     n = dims[d]
     idx = np.arange(n)[:, None] * step + np.arange(size)[None, :]
     y = jnp.take(x, jnp.asarray(idx.reshape(-1)), axis=d, mode="clip")
-    y = y.reshape(x.shape[:d] + (n, size) + x.shape[d + 1 :])
+    y = y.reshape((*x.shape[:d], n, size, *x.shape[d + 1 :]))
     return jnp.moveaxis(y, d + 1, -1)
 
 

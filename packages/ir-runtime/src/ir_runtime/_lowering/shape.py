@@ -123,9 +123,7 @@ def _flip(node, x):
 
 @register("aten::roll.default")
 def _roll(node, x):
-    return jnp.roll(
-        x, tuple(node.attrs["shifts"]), axis=tuple(node.attrs["dims"]) or None
-    )
+    return jnp.roll(x, tuple(node.attrs["shifts"]), axis=tuple(node.attrs["dims"]) or None)
 
 
 @register("aten::repeat.default")

@@ -1,13 +1,23 @@
-"""Sorting and selection: sort, topk, kthvalue, median, mode, cumulative max/min,
-searchsorted, bucketize, histograms.
+"""Sorting and selection: sort, topk, kthvalue, median, mode, cumulative max/min/product,
+logcumsumexp, searchsorted, bucketize, histograms, segment_reduce.
 
-Index outputs are torch CPU's, exactly. Where ties make the index (or the sign of a zero)
-depend on the algorithm torch CPU runs (``std::sort`` for ``sort(stable=False)`` and ``mode``,
-``std::nth_element``/``std::partial_sort`` for ``topk``, its own quickselect for ``kthvalue``,
-``std::nth_element`` for ``median``/``nanmedian`` without a dim), the rule checks for such
-ties at run time and, only when there are some, replays that algorithm step by step
-(``_Machine``: libstdc++'s introsort, introselect and heap routines, on every row at once).
-Without ties the result is unique and comes from one stable ``lax.sort``.
+Index outputs are torch CPU's, exactly. Where ties make the index (or the sign of a zero, or
+with ``sorted=False`` the order itself) depend on the algorithm torch CPU runs --
+``std::sort`` for ``sort(stable=False)`` and ``mode``, ``std::nth_element`` and
+``std::partial_sort`` for ``topk``, torch's quickselect for ``kthvalue``, ``std::nth_element``
+for ``median``/``nanmedian`` without a dim -- the rule checks for such ties at run time and
+only then replays that algorithm step by step (``_Machine``: libstdc++'s introsort,
+introselect and heap routines, on every row at once, in ``lax.while_loop``s). Without ties
+the result is unique and comes from one stable ``lax.sort``. The replay costs compile time
+(about a second per such op), and run time only when there are ties; ``stable=True`` and
+dims of at most 16 (``std::sort`` is an insertion sort there) never need it.
+
+Other conventions kept: NaN sorts above everything; cumulative ops accumulate as torch CPU
+does (float32 in float64: at::acc_type); histogram bin edges are torch's linspace (from both
+ends, with the FMA its compiler makes; float64 edges are faithful, correctly rounded but for
+exact halfway cases), a histogram whose range torch would refuse (not finite: NaN or inf in
+the data) is NaN; searchsorted and bucketize replay torch's binary search (its path decides
+where a NaN or an unsorted sequence sends a value).
 """
 
 from __future__ import annotations
@@ -908,9 +918,18 @@ _HALF = (jnp.float16, jnp.bfloat16)
 
 def _arith(dt):
     """``(compute dtype, round)``: torch's c10::Half/BFloat16 arithmetic is float arithmetic
-    rounded after every operation."""
-    if dt in _HALF:
-        return jnp.float32, lambda v: v.astype(dt).astype(jnp.float32)
+    rounded after every operation. The rounding is ``reduce_precision`` (XLA's CPU fusions
+    may drop a float32 -> float16 -> float32 round trip), float16's subnormals by hand (it
+    flushes them)."""
+    if dt == jnp.bfloat16:
+        return jnp.float32, lambda v: lax.reduce_precision(v, 8, 7)
+    if dt == jnp.float16:
+
+        def r(v):
+            sub = jnp.round(v * 2.0**24) * 2.0**-24  # float16's subnormal grid, exact
+            return jnp.where(jnp.abs(v) < 2.0**-14, sub, lax.reduce_precision(v, 5, 10))
+
+        return jnp.float32, r
     return dt, lambda v: v
 
 
@@ -1192,18 +1211,24 @@ def _segments(op, data, lengths, offsets, axis: int):
     return seg_c, inside, lens, d3, lead
 
 
-def _by_segment(values, seg, inside, s: int, combine: str):
-    """Reduce ``values`` (B, L, I) into (B, S, I) by segment."""
+def _by_segment(values, seg, inside, s: int, combine: str, start=None):
+    """Reduce ``values`` (B, L, I) into (B, S, I) by segment, each from ``start`` (a scalar;
+    the combination's identity by default), its elements added (multiplied...) in order."""
     b, size, inner = values.shape
     gid = jnp.where(inside, jnp.arange(b)[:, None] * s + seg, b * s).reshape(-1)
     flat = values.reshape(b * size, inner)
-    fn = {
-        "sum": jax.ops.segment_sum,
-        "max": jax.ops.segment_max,
-        "min": jax.ops.segment_min,
-        "prod": jax.ops.segment_prod,
-    }[combine]
-    return fn(flat, gid, num_segments=b * s + 1)[: b * s].reshape(b, s, inner)
+    dt = values.dtype
+    if start is None:
+        if combine in ("sum", "prod"):
+            start = 0 if combine == "sum" else 1
+        elif jnp.issubdtype(dt, jnp.floating):
+            start = -jnp.inf if combine == "max" else jnp.inf
+        else:
+            start = jnp.iinfo(dt).min if combine == "max" else jnp.iinfo(dt).max
+    base = jnp.full((b * s + 1, inner), jnp.asarray(start, dt))
+    at = base.at[gid]
+    out = {"sum": at.add, "max": at.max, "min": at.min, "prod": at.multiply}[combine](flat)
+    return out[: b * s].reshape(b, s, inner)
 
 
 def _reduce_name(op, reduce):
@@ -1226,21 +1251,36 @@ def _segment_reduce(node, data, lengths, indices, offsets):
     dt = data.dtype
     lens3 = lens[:, :, None]
     if reduce in ("sum", "mean"):
-        out = _by_segment(d3, seg, inside, s, "sum")
-        if initial is not None:
-            out = jnp.asarray(initial, dt) + out
-        if reduce == "mean":
-            empty = jnp.asarray(jnp.nan if initial is None else 0, dt)
-            if initial is not None:
-                empty = jnp.broadcast_to(jnp.asarray(initial, dt), out.shape)
+        out = _by_segment(d3, seg, inside, s, "sum", initial)
+        if reduce == "mean":  # an empty segment: NaN, or the initial value as it is
+            empty = jnp.asarray(jnp.nan, dt) if initial is None else out
             out = jnp.where(lens3 > 0, _div(out, lens3.astype(dt)), empty)
+    elif reduce == "prod":
+        out = _by_segment(d3, seg, inside, s, "prod", initial)
     else:
-        out = _by_segment(d3, seg, inside, s, reduce)
-        if initial is not None:
-            init = jnp.asarray(initial, dt)
-            out = {"max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}[reduce](init, out)
+        out = _segment_extreme(d3, seg, inside, s, reduce == "max", initial)
     shape = (*lead, s, *data.shape[len(lead) + 1 :])
     return out.reshape(shape).astype(out_dtype(node))
+
+
+def _segment_extreme(d3, seg, inside, s: int, largest: bool, initial):
+    """torch's fold ``v = isnan(d) ? d : std::max(v, d)`` (std::min) from the initial value:
+    NaN if any; else the first of (initial, data...) to reach the extreme (ties keep the
+    earlier: that is which of -0.0 and 0.0 comes out)."""
+    size = d3.shape[1]
+    dt = d3.dtype
+    k = _key(d3, nan_low=not largest)
+    best = _by_segment(k, seg, inside, s, "max" if largest else "min")
+    at = jnp.broadcast_to(seg[:, :, None], d3.shape)
+    hit = inside[:, :, None] & (k == jnp.take_along_axis(best, at, axis=1))
+    pos = jnp.broadcast_to(jnp.arange(size)[None, :, None], d3.shape)
+    first = _by_segment(jnp.where(hit, pos, size), seg, inside, s, "min")
+    value = jnp.take_along_axis(d3, jnp.clip(first, 0, max(size - 1, 0)), axis=1)
+    ident = jnp.asarray(-jnp.inf if largest else jnp.inf, dt)
+    value = jnp.where(first < size, value, ident)
+    init = ident if initial is None else jnp.asarray(initial, dt)
+    keep_init = ~(init < value) if largest else ~(value < init)
+    return jnp.where(jnp.isnan(value), value, jnp.where(jnp.isnan(init) | keep_init, init, value))
 
 
 def _segmented_scan_prod(v, start):
