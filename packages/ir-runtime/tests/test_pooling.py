@@ -393,12 +393,8 @@ def test_fractional_max_pool3d_backward_rule():
     check("fractional_max_pool3d_backward", rnd(*out.shape, seed=2), x, [2, 3, 1], [4, 2, 5], idx)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch has no Meta kernel for aten::fractional_max_pool3d_backward, which the front "
-    "end's shape inference needs (a front-end fix; the rule is tested directly above)",
-)
 def test_fractional_max_pool3d_gradient():
+    """torch has no meta kernel for its backward: the front end's shape table covers it."""
     samples = _samples((2, 3), 3, seed=1)
     compare(
         F.fractional_max_pool3d,

@@ -225,6 +225,27 @@ _NO_META = {
         x.new_empty((*x.shape[:-2], min(x.shape[-2], x.shape[-1]))),
     ),
     _aten.linalg_lstsq.default: _lstsq,
+    _aten.histogram.bin_ct: lambda x, bins=100, *, range=None, weight=None, density=False: (
+        x.new_empty((bins,)),
+        x.new_empty((bins + 1,)),
+    ),
+    _aten.histogram.bins_tensor: lambda x, bins, *, weight=None, density=False: (
+        x.new_empty((bins.numel() - 1,)),
+        bins.new_empty(bins.shape),
+    ),
+    _aten._histogramdd_bin_edges.default: (
+        lambda x, bins, *, range=None, weight=None, density=False: [
+            x.new_empty((b + 1,)) for b in bins
+        ]
+    ),
+    _aten._histogramdd_from_bin_cts.default: (
+        lambda x, bins, *, range=None, weight=None, density=False: x.new_empty(tuple(bins))
+    ),
+    _aten._histogramdd_from_bin_tensors.default: (
+        lambda x, bins, *, weight=None, density=False: x.new_empty(
+            tuple(b.numel() - 1 for b in bins)
+        )
+    ),
     _aten.multi_margin_loss.default: _margin_loss(_aten.multi_margin_loss.default),
     _aten.multilabel_margin_loss_forward.default: _margin_loss(
         _aten.multilabel_margin_loss_forward.default

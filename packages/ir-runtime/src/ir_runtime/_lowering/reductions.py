@@ -167,7 +167,19 @@ def _hash_tensor(node, x):
     return out
 
 
+def _accumulator(dt):
+    """torch's CPU kernels accumulate float32 in float64 and half precision in float32."""
+    if dt == np.float32:
+        return np.float64
+    if dt in (np.float16, jnp.bfloat16):
+        return np.float32
+    return dt
+
+
 @register("aten::cumsum.default")
 def _cumsum(node, x):
-    x = x.astype(out_dtype(node))
-    return x if x.ndim == 0 else jnp.cumsum(x, axis=norm_dim(node.attrs["dim"], x.ndim))
+    dt = out_dtype(node)
+    if x.ndim == 0:
+        return x.astype(dt)
+    axis = norm_dim(node.attrs["dim"], x.ndim)
+    return jnp.cumsum(x.astype(_accumulator(dt)), axis=axis).astype(dt)
