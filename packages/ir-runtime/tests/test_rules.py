@@ -133,7 +133,7 @@ def test_logic_where_casts_fills():
     check("lerp.Scalar", rnd(5), rnd(5), 0.3)
     check("addcmul", rnd(5), rnd(5), rnd(5), value=0.5)
     check("addcdiv", rnd(5), rnd(5), pos(5), value=-2)
-    check("clone", rnd(2, 3))
+    check("_to_copy", rnd(2, 3), dtype=torch.float64)
 
 
 @pytest.mark.parametrize("shape", [(4, 5), (2, 3, 4)])
@@ -448,6 +448,10 @@ OUTSIDE_OPINFO = {
         {"accumulate": True},
     ),
     "lift_fresh_copy.default": lambda: ((rnd(3),), {}),
+    "_embedding_bag_forward_only.default": lambda: (
+        (rnd(10, 3), torch.tensor([0, 2, 4, 5, 4, 3]), torch.tensor([0, 3])),
+        {"mode": 1, "include_last_offset": False},
+    ),
     "_native_batch_norm_legit.no_stats": lambda: (
         (rnd(4, 3, 2), rnd(3), rnd(3), True, 0.1, 1e-3),
         {},

@@ -57,7 +57,7 @@ from ir_runtime._lowering import RULES, register  # noqa: E402
 from ir_runtime._metrics import metrics, metrics_report, reset_metrics  # noqa: E402
 from ir_sharding import Mesh  # noqa: E402
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 register_lowering = register
 
