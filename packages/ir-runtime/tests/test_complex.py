@@ -9,7 +9,6 @@ import torch
 
 import ir_runtime as irt
 from ir_runtime import DTypeError
-from ir_runtime._errors import UnsupportedOpError
 
 C64, C128 = torch.complex64, torch.complex128
 REAL = {C64: torch.float32, C128: torch.float64}
