@@ -9,54 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from aten import check
+from eager import compare
 
 import ir_runtime as irt
 
 aten = torch.ops.aten
-
-
-def _lazy(t):
-    out = irt.to_lazy(t.detach())
-    return out.requires_grad_(True) if t.requires_grad else out
-
-
-def _tensors(out):
-    return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-def _same(got, want, rtol, atol, what):
-    got = irt.to_torch(got)
-    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.shape, want.shape)
-    if want.is_floating_point():
-        torch.testing.assert_close(
-            got, want.detach(), rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}: {m}"
-        )
-    else:  # indices: exactly torch's
-        assert torch.equal(got, want), f"{what}: {got} != {want}"
-
-
-def compare(fn, x, *, grad=True, rtol=1e-5, atol=1e-5, **kwargs):
-    """``fn(x, **kwargs)`` eagerly and on the lazy device: every output (indices exactly) and,
-    with ``grad``, the gradient of ``x`` for one random cotangent per floating output."""
-    grad = grad and x.is_floating_point()
-    xe = x.detach().clone().requires_grad_(grad)
-    want = _tensors(fn(xe, **kwargs))
-    lazy_kwargs = {k: _lazy(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    got = _tensors(fn(_lazy(xe), **lazy_kwargs))
-    assert len(got) == len(want)
-    for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        _same(g, w, rtol, atol, f"output {k}")
-    if not grad:
-        return want
-    pairs = [(g, w) for g, w in zip(got, want, strict=True) if w.requires_grad]
-    gen = torch.Generator().manual_seed(7)
-    cots = [torch.randn(w.shape, generator=gen, dtype=w.dtype) for _, w in pairs]
-    (ge,) = torch.autograd.grad([w for _, w in pairs], [xe], cots)
-    xl = _lazy(xe)
-    got = [g for g, w in zip(_tensors(fn(xl, **lazy_kwargs)), want, strict=True) if w.requires_grad]
-    (gl,) = torch.autograd.grad(got, [xl], [irt.to_lazy(c) for c in cots])
-    _same(gl, ge, rtol * 10, atol * 10, "gradient")
-    return want
 
 
 def rnd(*shape, dtype=torch.float32, seed=0):

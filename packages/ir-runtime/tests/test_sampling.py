@@ -10,69 +10,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from eager import compare, lazy, same
 
 import ir_runtime as irt
 
 aten = torch.ops.aten
-
-
-def _lazy(t):
-    if not isinstance(t, torch.Tensor):
-        return t
-    out = irt.to_lazy(t.detach())
-    return out.requires_grad_(True) if t.requires_grad else out
-
-
-def _tensors(out):
-    return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-def _same(got, want, rtol, atol, what):
-    got = irt.to_torch(got)
-    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.shape, want.shape)
-    if want.is_floating_point():
-        torch.testing.assert_close(
-            got, want.detach(), rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}: {m}"
-        )
-    else:
-        assert torch.equal(got, want), f"{what}: {got} != {want}"
-
-
-def compare(fn, *args, grad=True, rtol=1e-5, atol=1e-5, grad_tol=None, **kwargs):
-    """``fn(*args, **kwargs)`` eagerly and on the lazy device: every tensor output and, with
-    ``grad``, the gradient of every floating tensor argument for one random cotangent per
-    differentiable output."""
-    leaves = [
-        a.detach().clone().requires_grad_(grad and a.is_floating_point())
-        if isinstance(a, torch.Tensor)
-        else a
-        for a in args
-    ]
-    want = _tensors(fn(*leaves, **kwargs))
-    lazy_args = [_lazy(a) for a in leaves]
-    lazy_kwargs = {k: _lazy(v) for k, v in kwargs.items()}
-    got = _tensors(fn(*lazy_args, **lazy_kwargs))
-    assert len(got) == len(want)
-    for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        if isinstance(w, torch.Tensor):
-            _same(g, w, rtol, atol, f"output {k}")
-    inputs_e = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
-    if not grad or not inputs_e:
-        return want
-    pairs = [(g, w) for g, w in zip(got, want, strict=True) if w.requires_grad]
-    gen = torch.Generator().manual_seed(7)
-    cots = [torch.randn(w.shape, generator=gen, dtype=w.dtype) for _, w in pairs]
-    ge = torch.autograd.grad([w for _, w in pairs], inputs_e, cots, allow_unused=True)
-    inputs_l = [a for a in lazy_args if isinstance(a, torch.Tensor) and a.requires_grad]
-    gl = torch.autograd.grad(
-        [g for g, _ in pairs], inputs_l, [irt.to_lazy(c) for c in cots], allow_unused=True
-    )
-    g_rtol, g_atol = grad_tol or (rtol * 10, atol * 10)
-    for k, (a, b) in enumerate(zip(gl, ge, strict=True)):
-        assert (a is None) == (b is None), f"gradient {k}: {a} against {b}"
-        if b is not None:
-            _same(a, b, g_rtol, g_atol, f"gradient {k}")
-    return want
 
 
 def rnd(*shape, dtype=torch.float32, seed=0, scale=1.0):
@@ -382,8 +324,8 @@ def test_embedding_bag_dense_backward(mode):
     grad = rnd(4, 3, seed=5)
     args = (grad, INDICES, offset2bag, bag_size, max_indices, 10, False, mode, None, 4)
     want = aten._embedding_bag_dense_backward.default(*args)
-    got = aten._embedding_bag_dense_backward.default(*map(_lazy, args))
-    _same(got, want, 1e-5, 1e-5, "gradient")
+    got = aten._embedding_bag_dense_backward.default(*map(lazy, args))
+    same(got, want, 1e-5, 1e-5, "gradient")
 
 
 @pytest.mark.parametrize("include_last_offset", [False, True])
@@ -396,11 +338,11 @@ def test_embedding_bag_aux_outputs(include_last_offset):
         for pad in (-1, 4):
             args = (INDICES, offsets, False, mode, False, None, include_last_offset, pad)
             want = aten._embedding_bag.default(weight, *args)
-            got = aten._embedding_bag.default(irt.to_lazy(weight), *map(_lazy, args))
-            _same(got[0], want[0], 1e-5, 1e-5, "output")
+            got = aten._embedding_bag.default(irt.to_lazy(weight), *map(lazy, args))
+            same(got[0], want[0], 1e-5, 1e-5, "output")
             for k in (1, 2, 3):
                 if got[k].shape == want[k].shape:
-                    _same(got[k], want[k], 0, 0, f"{mode} {pad} output {k}")
+                    same(got[k], want[k], 0, 0, f"{mode} {pad} output {k}")
             # bag_size: one entry an offset on the lazy device (the meta kernel's shape).
             assert torch.equal(irt.to_torch(got[2])[: want[2].shape[0]], want[2])
 
@@ -529,7 +471,7 @@ def test_ctc_loss_raw_outputs():
     targets = torch.tensor([[1, 1], [1, 2]])
     nll, log_alpha = aten._ctc_loss.default(lp, targets, [2, 5], [2, 2], 0, True)
     lazy = aten._ctc_loss.default(irt.to_lazy(lp), irt.to_lazy(targets), [2, 5], [2, 2], 0, True)
-    _same(lazy[0], nll, 1e-5, 1e-5, "nll")
+    same(lazy[0], nll, 1e-5, 1e-5, "nll")
     got = irt.to_torch(lazy[1])
     # Batch 1 (input length 5) has every step written; batch 0 only its first 2 steps.
     torch.testing.assert_close(got[1], log_alpha[1])
