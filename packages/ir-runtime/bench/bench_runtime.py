@@ -5,7 +5,7 @@
    jax.jit with the same shardings; batch 16 / W 32x8 and batch 1024 / W 1024x1024. The IR step
    is what a front end does every step: build the graph over new leaves, then execute (cache
    hit, place, run, bind results). Both wait for each step to finish (XLA CPU collectives must
-   not overlap; ANCHORS.md). The steps alternate; the overhead is the median of the paired
+   not overlap; README, collectives). The steps alternate; the overhead is the median of the paired
    differences.
 2. Compile-cache lookup of a 10,000-node graph: prepare, hash, key, fingerprint, find.
 

@@ -9,7 +9,7 @@
 
 --raw dispatches the compiled program back to back, as a plain jax loop does, so many
 executions can be in flight; with --no-sync nothing waits, and on 2 cores XLA's CPU rendezvous
-can time out and abort the process (ANCHORS.md). The other modes must finish every time.
+can time out and abort the process (README, collectives). The other modes must finish every time.
 """
 
 import argparse

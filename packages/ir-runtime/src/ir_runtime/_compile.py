@@ -277,7 +277,7 @@ class Executable:
 
 
 # XLA's CPU collectives deadlock when several executions of collective programs overlap
-# (ANCHORS.md): at most one may be in flight. Its first result is kept here; the next
+# (README, collectives): at most one may be in flight. Its first result is kept here; the next
 # collective program, or a reshard, waits for it before it starts. One execution's results
 # become ready together, so waiting on one is enough. The host meanwhile traces the next step.
 _IN_FLIGHT: list = [None]

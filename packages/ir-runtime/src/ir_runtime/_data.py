@@ -65,7 +65,7 @@ def _gather(a):
     identity = _GATHERS.get(replicated)
     if identity is None:
         identity = _GATHERS[replicated] = jax.jit(lambda x: x, out_shardings=replicated)
-    settle()  # a collective program: never beside another one (ANCHORS.md)
+    settle()  # a collective program: never beside another one (README, collectives)
     _metrics.count("CrossProcessGather")
     _metrics.count("CrossProcessGatherBytes", nbytes)
     return identity(a).addressable_data(0)
