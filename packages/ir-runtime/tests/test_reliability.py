@@ -1,8 +1,8 @@
 """300 sharded training steps with collectives on 8 virtual CPU devices, in a row.
 
 XLA's CPU collectives deadlock (rendezvous timeout, process abort) when several executions of a
-program with all-reduces overlap on a 2-core machine (README, collectives). The runtime lets at most one
-collective program run on CPU devices: the next one waits for it before it starts, while the
+program with all-reduces overlap on a 2-core machine (README, collectives). The runtime lets at
+most one collective program run on CPU devices: the next one waits for it before it starts, while the
 host builds the next step. The loop below never waits itself (losses are read at the end), so
 without that rule many executions would be in flight and the run would hang and abort."""
 
