@@ -3,8 +3,9 @@
 XLA's CPU collectives deadlock (rendezvous timeout, process abort) when several executions of a
 program with all-reduces overlap on a 2-core machine (README, collectives). The runtime lets at
 most one collective program run on CPU devices: the next one waits for it before it starts,
-while the host builds the next step. The loop below never waits itself (losses are read at the end), so
-without that rule many executions would be in flight and the run would hang and abort."""
+while the host builds the next step. The loop below never waits itself (losses are read at the
+end), so without that rule many executions would be in flight and the run would hang and
+abort."""
 
 import numpy as np
 from models import data, leaf, linear_sgd_step, numpy_sgd_step, params, pinned
