@@ -1,7 +1,6 @@
 """The PyTorch lazy-tensor front end."""
 
 from ir_runtime._frontend import (
-    _complex,  # noqa: F401  (handlers for complex views)
     _dynamic,  # noqa: F401  (handlers for ops with data-dependent shapes)
     _factories,  # noqa: F401  (registers the Lazy-key kernels)
     _optim,  # noqa: F401  (capturable optimizers on the lazy device)
