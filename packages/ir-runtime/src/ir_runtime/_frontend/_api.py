@@ -9,8 +9,7 @@ from ir_runtime import _metrics
 from ir_runtime._compile import lower, reshard
 from ir_runtime._data import to_device
 from ir_runtime._dtypes import name_of
-from ir_runtime._frontend._record import ir_dtype
-from ir_runtime._frontend._tensor import LazyTensor, as_value, check_strided, live
+from ir_runtime._frontend._tensor import LazyTensor, as_value, live, movable
 from ir_sharding import Mesh, ShardingError, ShardingSpec, with_sharding
 from ir_sharding import clear_sharding as _clear
 
@@ -18,9 +17,7 @@ from ir_sharding import clear_sharding as _clear
 def _lazy_tensor(t: torch.Tensor) -> LazyTensor:
     if isinstance(t, LazyTensor):
         return t
-    check_strided(t)
-    ir_dtype(t.dtype)  # a dtype XLA cannot take (complex32) is refused before any copy
-    data = t.detach().resolve_conj().resolve_neg()
+    data = movable(t)
     value = Value(
         to_device(data.cpu().numpy() if data.dtype != torch.bfloat16 else data.float().numpy())
     )

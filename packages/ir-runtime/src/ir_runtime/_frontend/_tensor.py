@@ -122,20 +122,22 @@ def wrap(value: Value) -> LazyTensor:
 
 def host_numpy(x: torch.Tensor) -> np.ndarray:
     """A host tensor's value as numpy, bfloat16 kept (as ml_dtypes' bfloat16)."""
-    check_strided(x)
-    _record.ir_dtype(x.dtype)
-    host = x.detach().cpu().resolve_conj().resolve_neg()
+    host = movable(x).cpu()
     if host.dtype == torch.bfloat16:
         return host.float().numpy().astype(ml_dtypes.bfloat16)
     return host.numpy()
 
 
-def check_strided(x: torch.Tensor) -> None:
+def movable(x: torch.Tensor) -> torch.Tensor:
+    """``x`` detached, its conjugate and negative bits applied, once it is known to be a tensor
+    the lazy device can hold: dense, of a dtype XLA takes (else a clear error, before any copy)."""
     if x.layout != torch.strided:
         raise UnsupportedOpError(
             f"a {x.layout} tensor {tuple(x.shape)} cannot move to the lazy device: only dense "
             f"(strided) tensors can; use t.to_dense() first"
         )
+    _record.ir_dtype(x.dtype)
+    return x.detach().resolve_conj().resolve_neg()
 
 
 def as_value(x) -> Value:
@@ -206,10 +208,19 @@ def _add_view(base: LazyTensor, view: LazyTensor) -> None:
         views[:] = [r for r in views if r() is not None]
 
 
+_FUNCTIONAL: dict = {}
+
+
 def _functional(func):
     """The out-of-place overload of an in-place op (``add_.Tensor`` -> ``add.Tensor``): the
     overload of the op without ``_`` that takes the same arguments, by name and type (overload
-    names do not always match: ``pow_.Scalar`` is ``pow.Tensor_Scalar``)."""
+    names do not always match: ``pow_.Scalar`` is ``pow.Tensor_Scalar``). Found once per op."""
+    if func not in _FUNCTIONAL:
+        _FUNCTIONAL[func] = _find_functional(func)
+    return _FUNCTIONAL[func]
+
+
+def _find_functional(func):
     name = func._schema.name.split("::")[1]
     packet = getattr(aten, name.rstrip("_"), None) if name.endswith("_") else None
     if packet is None:
