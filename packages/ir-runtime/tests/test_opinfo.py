@@ -22,17 +22,10 @@ OPS = opinfo.population()
 OUTCOMES: dict = {}  # op id -> Outcome, for the run's summary
 
 
-def _run(op):
-    outcome = OUTCOMES.get(opinfo.op_id(op))
-    if outcome is None:
-        outcome = OUTCOMES[opinfo.op_id(op)] = opinfo.check(op, SAMPLES)
-    return outcome
-
-
 @pytest.mark.parametrize("op", OPS, ids=opinfo.op_id)
 def test_op_matches_eager(op):
     name = opinfo.op_id(op)
-    outcome = _run(op)
+    outcome = OUTCOMES[name] = opinfo.check(op, SAMPLES)
     assert "wrong" not in (outcome.values, outcome.grads), f"{name}: {outcome.detail}"
     passed = outcome.values == "pass" and outcome.grads in ("pass", None)
     known = KNOWN_FAILURES.get(name)

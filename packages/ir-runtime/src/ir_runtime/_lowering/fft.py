@@ -51,21 +51,20 @@ def _conj(node, z):
     return _cast(jnp.conj(z), out_dtype(node))
 
 
+def _real_parts(node, *xs):
+    """``xs`` in the real precision of the complex output, broadcast to its shape."""
+    part = np.float32 if out_dtype(node) == np.complex64 else np.float64
+    return [jnp.broadcast_to(_cast(x, part), out_dims(node)) for x in xs]
+
+
 @register("aten::complex.default")
 def _complex(node, re, im):
-    dt = out_dtype(node)
-    part = np.float32 if dt == np.complex64 else np.float64
-    dims = out_dims(node)
-    re, im = jnp.broadcast_to(_cast(re, part), dims), jnp.broadcast_to(_cast(im, part), dims)
-    return lax.complex(re, im)
+    return lax.complex(*_real_parts(node, re, im))
 
 
 @register("aten::polar.default")
 def _polar(node, r, theta):
-    dt = out_dtype(node)
-    part = np.float32 if dt == np.complex64 else np.float64
-    dims = out_dims(node)
-    r, theta = jnp.broadcast_to(_cast(r, part), dims), jnp.broadcast_to(_cast(theta, part), dims)
+    r, theta = _real_parts(node, r, theta)
     return lax.complex(r * jnp.cos(theta), r * jnp.sin(theta))
 
 
