@@ -4,7 +4,7 @@ import sys
 import pytest
 
 import ir_runtime
-from ir_runtime import _compile
+from ir_runtime import _lower
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -16,15 +16,15 @@ LOWERED: set = set()  # every op whose lowering rule was looked up in this sessi
 
 @pytest.fixture(scope="session", autouse=True)
 def _record_lowered_rules():
-    rule_for = _compile.rule_for
+    rule_for = _lower.rule_for
 
     def recording(op):
         LOWERED.add(op)
         return rule_for(op)
 
-    _compile.rule_for = recording
+    _lower.rule_for = recording
     yield
-    _compile.rule_for = rule_for
+    _lower.rule_for = rule_for
 
 
 def pytest_collection_modifyitems(items):

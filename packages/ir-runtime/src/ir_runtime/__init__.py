@@ -13,14 +13,8 @@ import jax
 # torch's dtypes: int64 and float64 stay 64-bit.
 jax.config.update("jax_enable_x64", True)
 
-from ir_runtime._compile import (  # noqa: E402
-    CACHE,
-    Executable,
-    compile,
-    execute,
-    lower,
-    wait_device_ops,
-)
+from ir_runtime._cache import CACHE, Executable, compile  # noqa: E402
+from ir_runtime._collectives import wait_device_ops  # noqa: E402
 from ir_runtime._data import (  # noqa: E402
     GatherWarning,
     to_device,
@@ -38,6 +32,7 @@ from ir_runtime._errors import (  # noqa: E402
     RuntimeIRError,
     UnsupportedOpError,
 )
+from ir_runtime._execute import execute  # noqa: E402
 from ir_runtime._frontend import (  # noqa: E402
     CaptureWarning,
     CompiledStep,
@@ -53,6 +48,7 @@ from ir_runtime._frontend import (  # noqa: E402
     to_torch,
     visualize_sharding,
 )
+from ir_runtime._lower import lower  # noqa: E402
 from ir_runtime._lowering import RULES, register  # noqa: E402
 from ir_runtime._metrics import metrics, metrics_report, reset_metrics  # noqa: E402
 from ir_sharding import Mesh  # noqa: E402

@@ -12,6 +12,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ir_core import DeviceData, Shape
 from ir_runtime import _distributed, _metrics
+from ir_runtime._bounded import Bounded
+from ir_runtime._collectives import settle
 from ir_runtime._dtypes import name_of
 from ir_runtime._placement import Program
 
@@ -24,7 +26,7 @@ def put(host: np.ndarray, sharding):
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-_GATHERS: dict = {}  # replicated sharding -> the jitted identity that gathers onto it
+_GATHERS = Bounded(64)  # replicated sharding -> the jitted identity that gathers onto it
 _warned = [False]
 
 
@@ -43,8 +45,6 @@ def fetch(handle) -> np.ndarray:
 
 
 def _gather(a):
-    from ir_runtime._compile import settle
-
     nbytes = a.size * a.dtype.itemsize
     if not _warned[0]:
         _warned[0] = True

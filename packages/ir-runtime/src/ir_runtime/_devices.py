@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 
 import jax
-from jax._src import xla_bridge
 
 from ir_runtime import _distributed, _metrics
 from ir_runtime._errors import DeviceCountError
+from ir_runtime._jaxapi import backends_are_initialized
 from ir_sharding._jax import global_devices
 
 ENV_CPU_DEVICES = "IR_RUNTIME_CPU_DEVICES"
@@ -58,7 +58,7 @@ def init(
     if cpu_devices is not None:
         if isinstance(cpu_devices, bool) or not isinstance(cpu_devices, int) or cpu_devices < 1:
             raise DeviceCountError(f"cpu_devices must be a positive int, got {cpu_devices!r}")
-        if xla_bridge.backends_are_initialized():
+        if backends_are_initialized():
             have = len(jax.local_devices(backend="cpu"))
             if have != cpu_devices:
                 raise DeviceCountError(
@@ -69,7 +69,7 @@ def init(
         else:
             jax.config.update("jax_num_cpu_devices", cpu_devices)
     if joining is not None and _distributed.STATE.address is None:
-        if xla_bridge.backends_are_initialized():
+        if backends_are_initialized():
             raise _distributed.DistributedError(
                 "the XLA backend already started in this process, so it cannot join other "
                 "processes; call ir_runtime.init(...) first, before anything touches jax devices"

@@ -211,9 +211,9 @@ class _Watchdog:
     """Heartbeats through the coordination service; ends the process when another one is lost."""
 
     def __init__(self, timeout: float):
-        from jax._src import distributed
+        from ir_runtime._jaxapi import distributed_client
 
-        self.client = distributed.global_state.client
+        self.client = distributed_client()
         self.timeout = timeout
         self.interval = min(0.5, timeout / 10)
         self.me = STATE.process_id

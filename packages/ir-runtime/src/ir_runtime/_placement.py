@@ -6,6 +6,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from ir_runtime._bounded import Bounded
 from ir_runtime._devices import device_by_id, ordinal
 from ir_runtime._errors import LoweringError
 from ir_sharding import Mesh, ShardingKind, ShardingSpec, TupleSharding
@@ -32,7 +33,7 @@ def spec_at(sharding, index: int):
     return specs_of(sharding)[0] if sharding is not None else None
 
 
-_PROGRAMS: dict = {}  # first mesh -> Program, reused from step to step
+_PROGRAMS = Bounded(64)  # mesh -> Program, reused from step to step
 
 
 class Program:

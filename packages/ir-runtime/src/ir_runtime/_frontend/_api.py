@@ -6,10 +6,12 @@ import torch
 
 from ir_core import DeviceData, Shape, Value, dump_dot, dump_text, relink
 from ir_runtime import _metrics
-from ir_runtime._compile import lower, reshard
 from ir_runtime._data import to_device
 from ir_runtime._dtypes import name_of
+from ir_runtime._execute import reshard
 from ir_runtime._frontend._tensor import LazyTensor, as_value, live, movable
+from ir_runtime._lower import lower
+from ir_runtime._rewrite import rewrite
 from ir_sharding import Mesh, ShardingError, ShardingSpec, with_sharding
 from ir_sharding import clear_sharding as _clear
 
@@ -174,7 +176,9 @@ def clear_sharding(t) -> LazyTensor:
 
 
 def dump(tensors, format: str = "text") -> str:
-    """The pending graph of ``tensors``: ``"text"``, ``"dot"`` or ``"stablehlo"``."""
+    """The pending graph of ``tensors``: ``"text"``, ``"dot"``, ``"rewritten"`` (the text of the
+    graph as it is lowered, after the rewrite rules of ``ir_runtime._rewrite``) or
+    ``"stablehlo"``."""
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
     roots = [as_value(t) for t in tensors]
@@ -182,9 +186,11 @@ def dump(tensors, format: str = "text") -> str:
         return dump_text(roots)
     if format == "dot":
         return dump_dot(roots)
+    if format == "rewritten":
+        return dump_text(rewrite(roots))
     if format == "stablehlo":
         return lower(roots)
-    raise ValueError(f"format must be 'text', 'dot' or 'stablehlo', got {format!r}")
+    raise ValueError(f"format must be 'text', 'dot', 'rewritten' or 'stablehlo', got {format!r}")
 
 
 def visualize_sharding(t) -> str:

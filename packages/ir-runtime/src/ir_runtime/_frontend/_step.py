@@ -10,8 +10,9 @@ import torch._lazy
 
 from ir_core import DeviceData, Value, post_order
 from ir_runtime import _metrics
-from ir_runtime._compile import run_graph, wait_device_ops
+from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import fetch
+from ir_runtime._execute import run_graph
 from ir_runtime._frontend import _rng
 from ir_runtime._frontend._record import IR_TO_TORCH
 from ir_runtime._frontend._tensor import LazyTensor, live

@@ -1,0 +1,50 @@
+"""The one-collective-in-flight rule on CPU, and waiting for launched programs.
+
+XLA's CPU collectives deadlock when several executions of collective programs overlap (README,
+collectives): at most one may be in flight. Its first result is kept here; the next collective
+program, a reshard, or a cross-process gather waits for it before it starts. One execution's
+results become ready together, so waiting on one is enough. The host meanwhile traces the next
+step.
+"""
+
+from __future__ import annotations
+
+from ir_runtime import _distributed, _metrics
+
+_IN_FLIGHT: list = [None]  # the first result of the collective program still running on CPU
+_LAST: list = [None]  # the first result of the last program launched
+
+
+def settle() -> None:
+    """Wait for the collective program still running on CPU devices, if there is one."""
+    a = _IN_FLIGHT[0]
+    if a is None:
+        return
+    _IN_FLIGHT[0] = None
+    _metrics.count("CollectiveSync")
+    try:
+        if not a.is_deleted():
+            a.block_until_ready()
+    except Exception as e:
+        raise _distributed.device_failure(e, "the previous program") from e
+
+
+def launched(outs, collective: bool) -> None:
+    """A program was just launched with results ``outs``; ``collective``: it holds CPU
+    collectives, so the next collective program must wait for it."""
+    if outs:
+        _LAST[0] = outs[0]
+        if collective:
+            _IN_FLIGHT[0] = outs[0]
+    _distributed.STATE.launched += 1
+
+
+def wait_device_ops() -> None:
+    """Wait until the programs launched so far have finished (torch_xla's
+    ``xm.wait_device_ops``): programs run in launch order, so waiting for the last is enough.
+    ``mark_step`` returns once its program is launched; time a loop with this at its end."""
+    settle()
+    a = _LAST[0]
+    _LAST[0] = None
+    if a is not None and not a.is_deleted():
+        a.block_until_ready()

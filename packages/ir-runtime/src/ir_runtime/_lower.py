@@ -1,0 +1,103 @@
+"""Lowering: a graph becomes one jax function of its parameters, each node through its rule."""
+
+from __future__ import annotations
+
+import jax
+
+from ir_core import DeviceData, post_order
+from ir_runtime import _metrics
+from ir_runtime._dtypes import name_of
+from ir_runtime._errors import LoweringError, RuntimeIRError
+from ir_runtime._graph import Graph
+from ir_runtime._lowering import OPERANDS, rule_for
+from ir_runtime._placement import spec_at
+from ir_runtime._rewrite import rewrite
+
+
+class _Lifted:
+    """A node seen by its rule with lifted scalars back in its attributes, as traced values."""
+
+    __slots__ = ("attrs", "op", "shapes")
+
+    def __init__(self, node, attrs):
+        self.op = node.op
+        self.shapes = node.shapes
+        self.attrs = attrs
+
+
+def lower_node(n, operands, program):
+    """The traced outputs of node ``n`` from its operands' traced values, by its rule; each
+    output checked against the node's shapes and constrained to the node's sharding."""
+    rule = rule_for(n.op)
+    lifted = n.attrs.get("__lifted__")
+    view = n
+    if lifted:
+        k = len(lifted)
+        attrs = {a: v for a, v in n.attrs.items() if a != "__lifted__"}
+        attrs.update(zip(lifted, operands[-k:], strict=True))
+        operands = operands[:-k]
+        view = _Lifted(n, attrs)
+    split = OPERANDS.get(n.op)
+    if split is not None:
+        operands = split.split(view.attrs, operands)
+    try:
+        out = rule(view, *operands)
+    except RuntimeIRError:
+        raise
+    except Exception as e:
+        raise LoweringError(
+            f"lowering {n.op!r} failed: {type(e).__name__}: {e} (node {n!r})"
+        ) from e
+    outs = out if isinstance(out, tuple) else (out,)
+    if len(outs) != len(n.shapes):
+        raise LoweringError(
+            f"the rule for {n.op!r} gave {len(outs)} output(s), the node has {len(n.shapes)}"
+        )
+    checked = []
+    for k, (o, s) in enumerate(zip(outs, n.shapes, strict=True)):
+        if tuple(o.shape) != s.dims or name_of(o.dtype) != s.dtype:
+            raise LoweringError(
+                f"the rule for {n.op!r} gave output {k} as {name_of(o.dtype)}{list(o.shape)}, "
+                f"but the node says {s}; the rule or the front end's shape inference is wrong"
+            )
+        spec = spec_at(n.sharding, k)
+        if spec is not None:
+            o = jax.lax.with_sharding_constraint(o, program.jax_sharding(spec))
+        checked.append(o)
+    return tuple(checked)
+
+
+def function(g: Graph):
+    """The graph as a function of its parameters' arrays (in ``g.params`` order), after the
+    rewrite rules. It closes over the nodes, so it is used only to trace and then dropped: the
+    cache keeps compiled programs, not graphs."""
+    params, program = g.params, g.program
+    roots = rewrite(g.roots, g.order)
+    order = g.order if roots is g.roots else post_order(roots)
+
+    def run(*args):
+        env = {id(p): (a,) for p, a in zip(params, args, strict=True)}
+        for n in order:
+            if type(n) is not DeviceData:
+                env[id(n)] = lower_node(n, [env[id(v.node)][v.index] for v in n.operands], program)
+        return tuple(env[id(r.node)][r.index] for r in roots)
+
+    return run
+
+
+def lowered(g: Graph, donate: tuple = ()):
+    """``jax.jit`` of the graph's function, lowered for its parameters' shapes and shardings."""
+    with _metrics.timed("LowerTime"):
+        fn = jax.jit(
+            function(g),
+            in_shardings=g.in_shardings(),
+            out_shardings=tuple(g.out_shardings()),
+            donate_argnums=donate,
+            keep_unused=True,
+        )
+        return fn.lower(*g.abstract_params())
+
+
+def lower(roots) -> str:
+    """The StableHLO text of the graph of ``roots`` (a ``Value`` or a list of them)."""
+    return lowered(Graph(roots)).as_text()
