@@ -151,7 +151,7 @@ def test_special_kinds_convert_to_jax():
 
 
 def test_device_ids_are_global_ordinals():
-    from ir_sharding._jax import global_devices
+    from ir_sharding import global_devices
 
     order = global_devices()
     # One process: the order is jax's own ids, so id k is jax's device k.

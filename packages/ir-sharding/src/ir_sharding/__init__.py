@@ -13,10 +13,11 @@ True
 from ir_core import relink
 from ir_sharding._annotate import TupleSharding, clear_sharding, with_sharding
 from ir_sharding._errors import ShardingError
+from ir_sharding._jax import device_ordinal, global_devices
 from ir_sharding._mesh import Mesh
 from ir_sharding._spec import ShardingKind, ShardingSpec
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "Mesh",
@@ -25,6 +26,8 @@ __all__ = [
     "ShardingSpec",
     "TupleSharding",
     "clear_sharding",
+    "device_ordinal",
+    "global_devices",
     "relink",
     "with_sharding",
 ]

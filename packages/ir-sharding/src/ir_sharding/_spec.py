@@ -362,6 +362,48 @@ class ShardingSpec:
             self._jax = to_jax(self)
         return self._jax
 
+    @classmethod
+    def from_jax(cls, sharding, ndim: int, mesh: Mesh | None = None) -> ShardingSpec:
+        """The spec of a ``jax.sharding`` object: the inverse of ``to_jax()``. Imports jax.
+
+        Device ids are global ordinals (``device_ordinal``), so
+        ``ShardingSpec.from_jax(spec.to_jax(), rank) == spec`` with an equal mesh for every
+        kind (pass ``mesh=spec.mesh`` for a maximal spec).
+
+        Args:
+            sharding: a ``jax.sharding.Sharding``.
+
+                - ``NamedSharding``: a spec over the jax mesh rebuilt as a ``Mesh`` (the
+                  devices' ordinals, ``devices.shape``, ``axis_names``), with ``sharding.spec``
+                  padded with ``None`` to ``ndim`` entries; ``ShardingSpec.manual`` when every
+                  mesh axis is ``AxisType.Manual``.
+                - ``SingleDeviceSharding``: ``ShardingSpec.maximal(mesh, ordinal)`` when
+                  ``mesh`` holds the device, else replicated over ``Mesh([ordinal], (1,),
+                  ("devices",))``.
+                - any other kind (``GSPMDSharding``, what XLA chose for a compiled output): read
+                  through ``device_set``, ``is_fully_replicated`` and ``devices_indices_map``.
+                  Replicated over ``Mesh(sorted ordinals, (n,), ("devices",))`` when fully
+                  replicated; otherwise tiled over a new mesh with one axis ``"t<d>"`` per split
+                  tensor dim ``d`` (plus ``"replicas"`` last when each block is on several
+                  devices), laid out so ``to_jax()`` puts every block where ``sharding`` does.
+            ndim: the rank of the tensor the sharding places.
+            mesh: an ``ir_sharding.Mesh`` a ``SingleDeviceSharding``'s device may belong to;
+                the other kinds ignore it.
+
+        Returns:
+            A ``ShardingSpec`` placing a rank-``ndim`` tensor as ``sharding`` does.
+
+        Raises:
+            ShardingError: ``sharding`` is not a jax sharding; ``ndim`` is not a non-negative
+                integer, or is smaller than the partition spec; ``mesh`` is not a ``Mesh``; the
+                jax mesh is abstract, partly manual, or not a valid ``Mesh`` (axis names that
+                are not str); the spec is unreduced or UNCONSTRAINED; or a sharding of another
+                kind does not cut the tensor into equal blocks on equally many devices each.
+        """
+        from ir_sharding._jax import from_jax
+
+        return from_jax(sharding, ndim, mesh)
+
     def visualize(self, global_shape) -> str:
         """A text picture of which device holds which block of a tensor of ``global_shape``."""
         from ir_sharding._visualize import visualize
