@@ -13,6 +13,7 @@ import torch
 
 import ir_runtime as irt
 from ir_runtime._distributed import resolve
+from ir_runtime._frontend import inspect
 from ir_sharding import Mesh, ShardingError, ShardingSpec
 
 MESH = Mesh(range(8), (4, 2), ("data", "model"))
@@ -81,7 +82,7 @@ def test_from_process_local_is_mark_sharding_in_one_process():
     a = irt.from_process_local(x, MESH, ("data", None))
     b = irt.mark_sharding(irt.to_lazy(x), MESH, ("data", None))
     assert irt.visualize_sharding(a) == irt.visualize_sharding(b)
-    handle = a._ir.node.handle
+    handle = inspect.data_of(a)
     assert handle.sharding.is_equivalent_to(ShardingSpec(MESH, ("data", None)).to_jax(), 2)
     w = torch.randn(16, 4)
     np.testing.assert_allclose(
@@ -108,7 +109,7 @@ def test_wait_device_ops_waits_for_the_last_step():
     u = (t @ t).sum(1)
     irt.mark_step()
     irt.wait_device_ops()
-    assert u._ir.node.handle.is_ready()
+    assert inspect.data_of(u).is_ready()
     assert irt.to_torch(u)[0].item() == 64 * 64
 
 
@@ -138,6 +139,7 @@ def test_one_program_over_two_processes(tmp_path):
     script = tmp_path / "two.py"
     script.write_text(SCRIPT)
     cmd = [sys.executable, "-m", "ir_runtime.launch", "--nprocs", "2", "--cpu-devices", "2"]
+    # timeout: a hang guard (a lost peer blocks a collective forever); the run takes seconds.
     run = subprocess.run(
         [*cmd, str(script)], capture_output=True, text=True, timeout=240, env=dict(os.environ)
     )
@@ -168,27 +170,62 @@ def test_launcher_rejects_bad_arguments(tmp_path):
         main(["--nprocs", "2", str(tmp_path / "missing.py")])
 
 
+class _FakeClock:
+    """Stands in for the ``time`` module inside ``_distributed``: ``sleep`` advances the clock
+    instead of sleeping, and every sleep is recorded, so a test counts the waits (events) and
+    reads how long they would have lasted without measuring the wall clock."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        # A guard, not a measurement: should the code stop waiting through ``sleep``, the test
+        # fails here instead of spinning forever on a clock that never moves.
+        assert self.reads < 10_000, "device_failure polled the clock without sleeping"
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
 def test_a_device_failure_waits_for_the_watchdog_across_processes(monkeypatch):
     """gloo reports a lost peer at once, naming only an address: across processes the error
     waits up to the watchdog's timeout, so the watchdog can name the process first."""
-    import time
-
     from ir_runtime import _distributed
 
+    clock = _FakeClock()
+    monkeypatch.setattr(_distributed, "time", clock)
     error = RuntimeError("Gloo all-reduce failed: Connection reset by peer")
-    start = time.monotonic()
-    e = _distributed.device_failure(error, "the program")  # one process: no wait
-    assert time.monotonic() - start < 0.5
-    assert isinstance(e, irt.ExecutionError)
-    assert str(e) == (
+    message = (
         "the program failed on the device: RuntimeError: Gloo all-reduce failed: Connection "
         "reset by peer"
     )
+    assert _distributed.STATE.watchdog is None
+    e = _distributed.device_failure(error, "the program")  # one process: no wait
+    assert clock.sleeps == []
+    assert isinstance(e, irt.ExecutionError)
+    assert str(e) == message
 
     class Watchdog:
         timeout, interval, stop = 0.4, 0.05, False
 
-    monkeypatch.setattr(_distributed.STATE, "watchdog", Watchdog())
-    start = time.monotonic()
+    watchdog = Watchdog()
+    monkeypatch.setattr(_distributed.STATE, "watchdog", watchdog)
+    e = _distributed.device_failure(error, "the program")
+    # It waited in the watchdog's beats until the watchdog's whole timeout had passed: time
+    # enough for it to see the lost process and end this one with the process's name.
+    assert clock.sleeps and set(clock.sleeps) == {watchdog.interval}
+    assert sum(clock.sleeps) >= watchdog.timeout
+    # ... and then gave up (the clock is fake: this bound is exact, not a wall-clock guess).
+    assert sum(clock.sleeps) <= watchdog.timeout + 10 * watchdog.interval
+    assert isinstance(e, irt.ExecutionError) and str(e) == message
+
+    # A stopped watchdog (this process is leaving, past jax's shutdown) names no one: no wait.
+    clock.sleeps.clear()
+    watchdog.stop = True
     _distributed.device_failure(error, "the program")
-    assert time.monotonic() - start >= 0.4
+    assert clock.sleeps == []
