@@ -11,8 +11,8 @@ import torch
 
 import ir_runtime as irt
 from ir_core import Generic, Shape, Value
-from ir_runtime._frontend._record import TORCH_TO_IR, plan_of, prepare
-from ir_runtime._frontend._tensor import as_value
+from ir_runtime._frontend import inspect
+from ir_runtime._frontend._convert import TORCH_TO_IR
 
 TORCH_DTYPES = TORCH_TO_IR  # the front end's table: torch dtype -> ir-core name
 
@@ -38,10 +38,10 @@ def record(name, args, kwargs):
     default an attribute), and its torch result."""
     fn = overload(name)
     expected = fn(*args, **kwargs)
-    plan = plan_of(fn)
-    _, operands, attrs = prepare(plan, args, kwargs, as_value)
+    _, operands, attrs = inspect.prepared(fn, args, kwargs)
     outs = expected if isinstance(expected, (tuple, list)) else (expected,)
-    node = Generic(plan.op, operands, [shape_of(o) for o in outs], attrs)
+    op = f"{fn._schema.name}.{fn._schema.overload_name or 'default'}"
+    node = Generic(op, operands, [shape_of(o) for o in outs], attrs)
     return node, outs
 
 

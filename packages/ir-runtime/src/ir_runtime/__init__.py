@@ -6,23 +6,20 @@
 >>> y = Generic("aten::mul.Scalar", [Value(x)], [x.shape], {"other": 2.0})
 >>> to_host(execute([Value(y)])[0]).tolist()
 [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]
+
+Importing ir_runtime changes no torch or jax setting (its lowering rules read torch's op
+schemas, nothing more). The PyTorch front end (``to_lazy``, ``mark_step``, ``compile_step``,
+...) is imported and installed into torch the first time one of its names is used (or by
+``install()``); jax's x64 mode is turned on by ``init``, the first placement and the first
+compile.
 """
 
-import jax
-
-# torch's dtypes: int64 and float64 stay 64-bit.
-jax.config.update("jax_enable_x64", True)
-
-from ir_runtime._cache import CACHE, Executable, compile  # noqa: E402
-from ir_runtime._collectives import wait_device_ops  # noqa: E402
-from ir_runtime._data import (  # noqa: E402
-    GatherWarning,
-    to_device,
-    to_host,
-)
-from ir_runtime._devices import devices, init  # noqa: E402
-from ir_runtime._distributed import process_count, process_index  # noqa: E402
-from ir_runtime._errors import (  # noqa: E402
+from ir_runtime._cache import CACHE, Executable, compile
+from ir_runtime._collectives import wait_device_ops
+from ir_runtime._data import GatherWarning, to_device, to_host
+from ir_runtime._devices import devices, init
+from ir_runtime._distributed import process_count, process_index
+from ir_runtime._errors import (
     CompileError,
     DeviceCountError,
     DistributedError,
@@ -32,30 +29,49 @@ from ir_runtime._errors import (  # noqa: E402
     RuntimeIRError,
     UnsupportedOpError,
 )
-from ir_runtime._execute import execute  # noqa: E402
-from ir_runtime._frontend import (  # noqa: E402
-    CaptureWarning,
-    CompiledStep,
-    LazyTensor,
-    clear_sharding,
-    compile_step,
-    dump,
-    from_process_local,
-    mark_sharding,
-    mark_step,
-    process_local_slices,
-    to_lazy,
-    to_torch,
-    visualize_sharding,
-)
-from ir_runtime._lower import lower  # noqa: E402
-from ir_runtime._lowering import RULES, register  # noqa: E402
-from ir_runtime._metrics import metrics, metrics_report, reset_metrics  # noqa: E402
-from ir_sharding import Mesh  # noqa: E402
+from ir_runtime._execute import execute
+from ir_runtime._lower import lower
+from ir_runtime._lowering import RULES, register
+from ir_runtime._metrics import metrics, metrics_report, reset_metrics
+from ir_sharding import Mesh
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 register_lowering = register
+
+# The front end's names: imported (and the front end installed into torch) on first use.
+_FRONTEND = frozenset(
+    (
+        "CaptureWarning",
+        "CompiledStep",
+        "LazyTensor",
+        "clear_sharding",
+        "compile_step",
+        "dump",
+        "from_process_local",
+        "install",
+        "mark_sharding",
+        "mark_step",
+        "process_local_slices",
+        "to_lazy",
+        "to_torch",
+        "visualize_sharding",
+    )
+)
+
+
+def __getattr__(name: str):
+    if name in _FRONTEND:
+        from ir_runtime import _frontend
+
+        value = getattr(_frontend, name)
+        globals()[name] = value  # found once
+        return value
+    raise AttributeError(f"module 'ir_runtime' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _FRONTEND)
 
 
 def supported_ops() -> list[str]:
@@ -87,6 +103,7 @@ __all__ = [
     "execute",
     "from_process_local",
     "init",
+    "install",
     "lower",
     "mark_sharding",
     "mark_step",

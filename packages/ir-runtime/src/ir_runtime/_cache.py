@@ -12,6 +12,7 @@ import jaxlib
 
 from ir_core import DeviceData, Shape, graph_fingerprint, graph_hash
 from ir_runtime import _collectives, _distributed, _metrics
+from ir_runtime._dtypes import _X64, enable_x64
 from ir_runtime._errors import CompileError, LoweringError
 from ir_runtime._graph import Graph
 from ir_runtime._lower import lowered
@@ -93,6 +94,8 @@ class CompileCache:
 
     def get(self, roots, donate=(), out_shardings=None) -> tuple[Executable, Graph]:
         start = time.perf_counter()
+        if not _X64[0]:
+            enable_x64()
         g = Graph(roots, out_shardings)
         donate = _donate_indices(g, donate)
         key = self._key(g, donate)

@@ -14,13 +14,14 @@ from ir_core import DeviceData, Shape
 from ir_runtime import _distributed, _metrics
 from ir_runtime._bounded import Bounded
 from ir_runtime._collectives import settle
-from ir_runtime._dtypes import name_of
+from ir_runtime._dtypes import enable_x64, name_of
 from ir_runtime._placement import Program
 
 
 def put(host: np.ndarray, sharding):
     """A host array placed on ``sharding``. Over devices of several processes, each process
     places only the blocks its own devices hold (every process passes the same array)."""
+    enable_x64()
     if sharding.is_fully_addressable:
         return jax.device_put(host, sharding)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

@@ -7,6 +7,7 @@ import os
 import jax
 
 from ir_runtime import _distributed, _metrics
+from ir_runtime._dtypes import enable_x64
 from ir_runtime._errors import DeviceCountError
 from ir_runtime._jaxapi import backends_are_initialized
 from ir_sharding._jax import global_devices
@@ -52,6 +53,7 @@ def init(
         DistributedError: bad or partial process arguments, or the backend already started.
     """
     global _listening
+    enable_x64()
     joining = _distributed.resolve(coordinator_address, num_processes, process_id, timeout)
     if cpu_devices is None:
         cpu_devices = _distributed.env_value(ENV_CPU_DEVICES, int, DeviceCountError, "an integer")

@@ -1,5 +1,5 @@
 """ir-core dtype names <-> numpy/jax dtypes. torch's dtypes, not jax's defaults: int64 stays
-int64, which needs jax's x64 mode (ir_runtime.init turns it on)."""
+int64, which needs jax's x64 mode (``enable_x64``)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,16 @@ def name_of(dtype) -> str:
         raise DTypeError(
             f"dtype {dtype!r} has no ir-core name; use one of {sorted(_BY_NAME)}"
         ) from None
+
+
+_X64 = [False]
+
+
+def enable_x64() -> None:
+    """Turn on jax's x64 mode, once: torch's int64 and float64 stay 64-bit. ``init``, the first
+    placement and the first compile call it; importing ir_runtime changes no jax setting."""
+    if not _X64[0]:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        _X64[0] = True

@@ -6,7 +6,7 @@ import jax
 
 from ir_core import DeviceData, post_order
 from ir_runtime import _metrics
-from ir_runtime._dtypes import name_of
+from ir_runtime._dtypes import enable_x64, name_of
 from ir_runtime._errors import LoweringError, RuntimeIRError
 from ir_runtime._graph import Graph
 from ir_runtime._lowering import OPERANDS, rule_for
@@ -100,4 +100,5 @@ def lowered(g: Graph, donate: tuple = ()):
 
 def lower(roots) -> str:
     """The StableHLO text of the graph of ``roots`` (a ``Value`` or a list of them)."""
+    enable_x64()
     return lowered(Graph(roots)).as_text()

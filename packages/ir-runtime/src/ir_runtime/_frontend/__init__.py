@@ -1,9 +1,28 @@
-"""The PyTorch lazy-tensor front end."""
+"""The PyTorch lazy-tensor front end.
 
+Importing it installs it into torch, once (``install``): the Lazy dispatch key's kernels
+(``torch.zeros(3, device="lazy")``), ``lazy`` among the devices torch's optimizers accept for
+``capturable=True``, ``torch.manual_seed`` counted (a reseed restarts the lazy random stream),
+and ``torch._lazy.mark_step`` / ``wait_device_ops`` running this package's. ``import
+ir_runtime`` alone does none of it: the first use of a front-end name does.
+
+Modules, lowest first (each imports only those above it):
+``_convert`` (dtypes, host arrays) -> ``_tensor`` (the type, the live registry, placement) ->
+``_meta`` (shape inference) -> ``_record`` (plans, the one preparation, ``record``) -> ``_views``
+(writes in place) -> ``_dispatch`` (routing, ``@special``) -> ``_rng`` -> ``_step`` (mark_step,
+to_torch) -> ``_api`` -> the handlers (``_handlers``, ``_samplers``, ``_dynamic``,
+``_factories``, ``_optim``) -> ``_capture`` (compile_step).
+"""
+
+from ir_runtime._dtypes import enable_x64
 from ir_runtime._frontend import (
-    _dynamic,  # noqa: F401  (handlers for ops with data-dependent shapes)
-    _factories,  # noqa: F401  (registers the Lazy-key kernels)
-    _optim,  # noqa: F401  (capturable optimizers on the lazy device)
+    _dynamic,  # noqa: F401  (ops with data-dependent shapes)
+    _factories,
+    _handlers,  # noqa: F401  (copies, host reads, aliases, batch norm, dropout)
+    _optim,
+    _rng,
+    _samplers,  # noqa: F401  (random samplers)
+    _step,
 )
 from ir_runtime._frontend._api import (
     clear_sharding,
@@ -18,6 +37,23 @@ from ir_runtime._frontend._capture import CaptureWarning, CompiledStep, compile_
 from ir_runtime._frontend._step import mark_step, to_torch
 from ir_runtime._frontend._tensor import LazyTensor
 
+_INSTALLED = [False]
+
+
+def install() -> None:
+    """Install the front end into torch (see the module docstring); idempotent."""
+    if _INSTALLED[0]:
+        return
+    enable_x64()
+    _factories.install()
+    _optim.install()
+    _rng.install()
+    _step.install()
+    _INSTALLED[0] = True
+
+
+install()
+
 __all__ = [
     "CaptureWarning",
     "CompiledStep",
@@ -26,6 +62,7 @@ __all__ = [
     "compile_step",
     "dump",
     "from_process_local",
+    "install",
     "mark_sharding",
     "mark_step",
     "process_local_slices",

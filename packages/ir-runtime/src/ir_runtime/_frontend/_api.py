@@ -9,7 +9,8 @@ from ir_runtime import _metrics
 from ir_runtime._data import to_device
 from ir_runtime._dtypes import name_of
 from ir_runtime._execute import reshard
-from ir_runtime._frontend._tensor import LazyTensor, as_value, live, movable
+from ir_runtime._frontend._convert import host_numpy
+from ir_runtime._frontend._tensor import LazyTensor, as_value, live
 from ir_runtime._lower import lower
 from ir_runtime._rewrite import rewrite
 from ir_sharding import Mesh, ShardingError, ShardingSpec, with_sharding
@@ -19,18 +20,7 @@ from ir_sharding import clear_sharding as _clear
 def _lazy_tensor(t: torch.Tensor) -> LazyTensor:
     if isinstance(t, LazyTensor):
         return t
-    data = movable(t)
-    value = Value(
-        to_device(data.cpu().numpy() if data.dtype != torch.bfloat16 else data.float().numpy())
-    )
-    if data.dtype == torch.bfloat16:
-        from ir_runtime._frontend._tensor import record
-
-        out = record(
-            torch.ops.aten._to_copy.default, (LazyTensor(value),), {"dtype": torch.bfloat16}
-        )
-        value = out._ir
-    return LazyTensor(value, requires_grad=t.requires_grad)
+    return LazyTensor(Value(to_device(host_numpy(t))), requires_grad=t.requires_grad)
 
 
 def to_lazy(x):
@@ -71,7 +61,7 @@ def _check_lazy(t, what):
         )
 
 
-def _annotate(t: LazyTensor, spec) -> None:
+def _relink_annotated(t: LazyTensor, spec) -> None:
     """Rebind ``t`` to its value carrying ``spec`` (None: none); relink every live tensor that
     reads the old node. All of it is computed before anything is assigned."""
     v = t._ir
@@ -85,8 +75,7 @@ def _annotate(t: LazyTensor, spec) -> None:
             if handle is not None:
                 placed = reshard(handle, spec.to_jax())
             new = DeviceData(node.shape, handle=placed, sharding=spec)
-        t._ir = Value(new, v.index)
-        t._placed = spec
+        t._bind(new)
         return
     clone = (with_sharding(v, spec) if spec is not None else _clear(v)).node
     readers = [x for x in live() if x is not t]
@@ -114,13 +103,7 @@ def from_process_local(local, mesh: Mesh, partition_spec, global_shape=None) -> 
     if global_shape is not None:
         global_shape = tuple(int(d) for d in global_shape)
         spec.check_rank(len(global_shape), f"global_shape {global_shape}")
-    data = local.detach().cpu()
-    if data.dtype == torch.bfloat16:  # numpy has no bfloat16: the same bits as ml_dtypes'
-        import ml_dtypes
-
-        host = data.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    else:
-        host = data.numpy()
+    host = host_numpy(local)
     sharding = spec.to_jax()
     try:
         array = jax.make_array_from_process_local_data(sharding, host, global_shape)
@@ -132,7 +115,7 @@ def from_process_local(local, mesh: Mesh, partition_spec, global_shape=None) -> 
     _metrics.count("TransferToDevice")
     node = DeviceData(Shape(name_of(host.dtype), array.shape), handle=array, sharding=spec)
     t = LazyTensor(Value(node), requires_grad=local.requires_grad)
-    t._spec = spec
+    t._annotate(spec)
     return t
 
 
@@ -162,16 +145,16 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
     _check_lazy(t, "mark_sharding")
     spec = ShardingSpec(mesh, partition_spec)
     spec.check_rank(t.dim(), f"the tensor {tuple(t.shape)}")
-    _annotate(t, spec)
-    t._spec = spec
+    _relink_annotated(t, spec)
+    t._annotate(spec)
     return t
 
 
 def clear_sharding(t) -> LazyTensor:
     """Undo ``mark_sharding``: no annotation on ``t``'s value."""
     _check_lazy(t, "clear_sharding")
-    _annotate(t, None)
-    t._spec = None
+    _relink_annotated(t, None)
+    t._annotate(None)
     return t
 
 
@@ -196,7 +179,7 @@ def dump(tensors, format: str = "text") -> str:
 def visualize_sharding(t) -> str:
     """A text picture of where ``t``'s data lives (or will, per its annotation)."""
     _check_lazy(t, "visualize_sharding")
-    spec = t._spec or t._placed
+    spec = t._where()
     if spec is None:
         return f"{tuple(t.shape)}: not sharded (on one device, or replicated)"
     return spec.visualize(tuple(t.shape))

@@ -16,7 +16,11 @@ from __future__ import annotations
 import torch
 
 from ir_runtime import _metrics
-from ir_runtime._frontend._tensor import LazyTensor, record, special
+from ir_runtime._frontend._api import to_lazy
+from ir_runtime._frontend._dispatch import dispatch, special
+from ir_runtime._frontend._record import bound, record
+from ir_runtime._frontend._step import to_torch
+from ir_runtime._frontend._tensor import LazyTensor
 
 aten = torch.ops.aten
 
@@ -28,8 +32,6 @@ def _sync(op: str) -> None:
 
 def _count_nonzero(x) -> int:
     """How many elements of ``x`` are nonzero: one number read from the device."""
-    from ir_runtime._frontend._step import to_torch
-
     flat = record(aten.reshape.default, (x, [-1]), {})
     count = record(aten.count_nonzero.dim_IntList, (flat, [0]), {})
     return int(to_torch(count))
@@ -106,9 +108,6 @@ special(aten.index_put.default, aten._index_put_impl.default)(_index_put_handler
 
 def _on_host(func, args, kwargs, op: str):
     """``func`` computed by torch on the host from the inputs' values; results back lazy."""
-    from ir_runtime._frontend._api import to_lazy
-    from ir_runtime._frontend._step import to_torch
-
     _sync(op)
     host_args = [to_torch(a) if isinstance(a, LazyTensor) else a for a in args]
     out = func(*host_args, **kwargs)
@@ -136,8 +135,6 @@ for _func in (
 
 
 def _read_bool(t) -> bool:
-    from ir_runtime._frontend._step import to_torch
-
     return bool(to_torch(record(aten.all.default, (t,), {})))
 
 
@@ -151,8 +148,6 @@ def _equal(func, args, kwargs):
 
 @special(aten.allclose.default)
 def _allclose(func, args, kwargs):
-    from ir_runtime._frontend._rng import bound
-
     b = bound(func, args, kwargs)
     close = record(
         aten.isclose.default,
@@ -176,10 +171,6 @@ def _ctc_loss_lengths(func, args, kwargs):
     """CTC loss with its lengths as tensors: the lengths decide the shape of ``log_alpha``, so
     they are read (as eager's CPU kernel copies them to the host) and the int-list overload is
     recorded."""
-    from ir_runtime._frontend._rng import bound
-    from ir_runtime._frontend._step import to_torch
-    from ir_runtime._frontend._tensor import dispatch
-
     _sync(func._schema.name)
     b = bound(func, args, kwargs)
     for k in ("input_lengths", "target_lengths"):

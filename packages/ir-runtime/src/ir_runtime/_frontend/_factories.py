@@ -7,11 +7,12 @@ import warnings
 
 import torch
 
-from ir_core import Generic, Value
-from ir_runtime._frontend._record import Shape, ir_dtype
-from ir_runtime._frontend._tensor import LazyTensor, as_value, rebind, wrap
-
-_lib = torch.library.Library("aten", "IMPL", "Lazy")
+from ir_core import Generic, Shape, Value
+from ir_runtime._frontend._convert import ir_dtype
+from ir_runtime._frontend._record import record
+from ir_runtime._frontend._rng import random
+from ir_runtime._frontend._tensor import LazyTensor, as_value, wrap
+from ir_runtime._frontend._views import rebind
 
 
 def _zeros(size, dtype):
@@ -37,8 +38,6 @@ def _copy_from(self, dst, non_blocking=False):
 
 def _factory(func):
     def kernel(*args, **kwargs):
-        from ir_runtime._frontend._tensor import record
-
         return record(func, args, kwargs)
 
     return kernel
@@ -49,29 +48,36 @@ def _efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=
 
 
 def _randperm(n, dtype=torch.int64, layout=None, device=None, pin_memory=None):
-    from ir_runtime._frontend._rng import _random
-
     shape = Shape(ir_dtype(dtype if dtype is not None else torch.int64), (int(n),))
-    return _random("ir::random_permutation", shape)
+    return random("ir::random_permutation", shape)
 
 
-_lib.impl("empty.memory_format", _empty)
-with warnings.catch_warnings():  # torch has a generic Lazy kernel for it: ours replaces it
-    warnings.simplefilter("ignore", UserWarning)
-    _lib.impl("_efficientzerotensor", _efficientzerotensor)
-_lib.impl("randperm", _randperm)
-for _name in (
-    "arange",
-    "arange.start",
-    "arange.start_step",
-    "scalar_tensor",
-    "full",
-    "eye",
-    "eye.m",
-    "linspace",
-    "logspace",
-):
-    _op, _, _overload = _name.partition(".")
-    _lib.impl(_name, _factory(getattr(getattr(torch.ops.aten, _op), _overload or "default")))
-_lib.impl("empty_strided", _empty_strided)
-_lib.impl("_copy_from", _copy_from)
+_LIBRARY: list = []  # the Library registering the kernels, kept alive once installed
+
+
+def install() -> None:
+    """Register the Lazy-key kernels with torch's dispatcher."""
+    if _LIBRARY:
+        return
+    lib = torch.library.Library("aten", "IMPL", "Lazy")
+    _LIBRARY.append(lib)
+    lib.impl("empty.memory_format", _empty)
+    with warnings.catch_warnings():  # torch has a generic Lazy kernel for it: ours replaces it
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("_efficientzerotensor", _efficientzerotensor)
+    lib.impl("randperm", _randperm)
+    for name in (
+        "arange",
+        "arange.start",
+        "arange.start_step",
+        "scalar_tensor",
+        "full",
+        "eye",
+        "eye.m",
+        "linspace",
+        "logspace",
+    ):
+        op, _, overload = name.partition(".")
+        lib.impl(name, _factory(getattr(getattr(torch.ops.aten, op), overload or "default")))
+    lib.impl("empty_strided", _empty_strided)
+    lib.impl("_copy_from", _copy_from)

@@ -1,12 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Tracing's hot path in C: the lazy tensor's ``__torch_dispatch__`` for an op it has seen.
+"""Tracing's hot path in C: argument preparation, the lifted-scalar leaves, and the lazy
+tensor's ``__torch_dispatch__`` for an op it has seen.
 
-Per ATen overload, a ``Positional`` preparation turns a call's positional arguments into the
-shape-inference memo key, the operands and the attributes: exactly what ``_record.prepare``
-gives (tests hold the two together). ``torch_dispatch`` then finds the memoized output layout,
-builds the wrapper tensor and its node, and registers it among the live tensors; anything else
-(keyword arguments, a first sighting, several outputs, views, in-place ops) goes to the Python
-dispatch it was configured with.
+Per ATen overload, a ``Positional`` preparation turns a call's arguments into the
+shape-inference memo key, the operands and the attributes. It is the only preparation: a call
+with keyword arguments is first laid out by position (``_record.prepare``), absent arguments as
+``MISSING``. Python numbers become lifted 0-d leaves, one per (type, value, dtype), kept here
+(``scalar_leaf``, ``number_leaf``): one key format, one cache. ``torch_dispatch`` then finds the
+memoized output layout, builds the wrapper tensor and its node, and registers it among the live
+tensors; anything else (a first sighting, several outputs, views, in-place ops) goes to the
+Python dispatch it was configured with.
 
 The live-tensor registry holds weak references without callbacks. Such a reference holds no
 strong reference to anything, so it cannot be part of a reference cycle, and it is taken out
@@ -16,7 +19,12 @@ collector nothing.
 
 cimport cython
 from cpython.object cimport PyObject, PyObject_Call
-from cpython.weakref cimport PyWeakref_NewRef
+from cpython.weakref cimport PyWeakref_GetObject, PyWeakref_NewRef
+from libc.math cimport copysign
+
+import torch
+
+from ir_core import Generic, Value
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
@@ -32,65 +40,133 @@ cdef enum:
 
 KINDS = (TENSOR, TENSOR_LIST, OPT_TENSOR, SCALAR, OTHER)
 
+
+class _Missing:
+    """An argument the call does not give (its schema default applies)."""
+
+    def __repr__(self):
+        return "MISSING"
+
+
+MISSING = _Missing()
+FLOATS = frozenset(("float16", "bfloat16", "float32", "float64"))
+# Scalars XLA programs keep as constants (as torch_xla does); any other float in a Scalar
+# argument becomes a 0-d input, so a learning rate or a bias correction that changes every step
+# does not change the program.
+SPECIAL = frozenset((0.0, 1.0, -1.0, 2.0, 0.5))
+
+cdef object MAKE = torch.Tensor._make_wrapper_subclass
+cdef object GENERIC = Generic
+cdef object VALUE = Value
+cdef object _MISSING = MISSING
+cdef frozenset _FLOATS = FLOATS
+cdef frozenset _SPECIAL = SPECIAL
+
 # What configure() hands over from the Python side of the front end.
 cdef object LAZY = None          # the LazyTensor class
-cdef object MAKE = None          # torch.Tensor._make_wrapper_subclass
-cdef object GENERIC = None       # ir_core.Generic
-cdef object VALUE = None         # ir_core.Value
-cdef dict META = None            # _record._META: memo key -> output layout
-cdef dict LEAVES = None          # _record._NUMBER_LEAVES: (type, number, float dtype) -> leaf
-cdef frozenset FLOATS = None
-cdef frozenset SPECIAL = None    # floats kept as constants, never lifted
-cdef object number_leaf = None
+cdef object META = None          # _meta.MEMO: memo key -> output layout (a bounded dict)
+cdef object LEAVES = None        # (type, number, dtype) -> lifted leaf (a bounded dict)
+cdef object make_leaf = None     # (number, dtype) -> a new lifted leaf
+cdef object default_float = None  # () -> torch's default float dtype, as an ir-core name
 cdef object float_dtype = None
-cdef object scalar_leaf = None
 cdef object attr_value = None
 cdef object as_value = None
 cdef object slow = None          # the Python __torch_dispatch__ body
 cdef object record = None
-cdef list LIVE = None            # weak references to every lazy tensor, in creation order
+cdef list LIVE = []              # weak references to every lazy tensor, in creation order
 cdef Py_ssize_t compact_at = 10_000
-cdef object compact = None       # drops the dead references and sets the next threshold
 cdef dict PLANS = {}             # id(OpOverload) -> Positional, for recordable non-view ops
 cdef dict NO_KWARGS = {}
-cdef object MISSING = None
 
 
-def configure(**parts):
-    """Hand the Python side's classes, tables and fallbacks over (once, at import)."""
-    global LAZY, MAKE, GENERIC, VALUE, META, LEAVES, FLOATS, SPECIAL, number_leaf, float_dtype
-    global scalar_leaf, attr_value, as_value, slow, record, LIVE, compact, MISSING
-    LAZY = parts["lazy"]
-    MAKE = parts["make"]
-    GENERIC = parts["generic"]
-    VALUE = parts["value"]
-    META = parts["meta"]
-    LEAVES = parts["leaves"]
-    FLOATS = parts["floats"]
-    SPECIAL = parts["special"]
-    number_leaf = parts["number_leaf"]
-    float_dtype = parts["float_dtype"]
-    scalar_leaf = parts["scalar_leaf"]
-    attr_value = parts["attr_value"]
-    as_value = parts["as_value"]
-    slow = parts["slow"]
-    record = parts["record"]
-    LIVE = parts["live"]
-    compact = parts["compact"]
-    MISSING = parts["missing"]
+def configure(*, lazy, meta, leaves, make_leaf_, default_float_, float_dtype_, attr_value_,
+              as_value_, dispatch, record_):
+    """Hand the Python side's class, memo tables and fallbacks over (once, at import)."""
+    global LAZY, META, LEAVES, make_leaf, default_float, float_dtype, attr_value, as_value
+    global slow, record
+    LAZY, META, LEAVES = lazy, meta, leaves
+    make_leaf, default_float, float_dtype = make_leaf_, default_float_, float_dtype_
+    attr_value, as_value, slow, record = attr_value_, as_value_, dispatch, record_
 
 
-def set_compact_at(Py_ssize_t n):
-    global compact_at
-    compact_at = n
+# -- lifted scalars ------------------------------------------------------------------------
+
+cdef inline object leaf_key(object value, object dtype):
+    """A leaf's cache key: (type, value, dtype), with -0.0 apart from 0.0 (equal as numbers,
+    not as leaves: 1 / -0.0 is -inf)."""
+    if type(value) is float and value == 0 and copysign(1.0, <double>value) < 0:
+        return (float, "-0.0", dtype)
+    return (type(value), value, dtype)
+
+
+cdef object scalar_leaf_(object value, object dtype):
+    key = leaf_key(value, dtype)
+    cdef PyObject* p = PyDict_GetItemWithError(LEAVES, key)
+    if p is not NULL:
+        return <object>p
+    leaf = make_leaf(value, dtype)
+    LEAVES[key] = leaf  # through the bounded dict's __setitem__
+    return leaf
+
+
+cdef inline object number_dtype(object value, object float_dtype_):
+    t = type(value)
+    if t is bool:
+        return "bool"
+    if t is int:
+        return "int64"
+    if t is complex:  # the complex type of the op's float precision
+        return "complex128" if float_dtype_ in ("float64", "complex128") else "complex64"
+    return float_dtype_
+
+
+cdef object number_leaf_(object value, object fd):
+    if fd is None and type(value) is float:
+        fd = default_float()
+    return scalar_leaf_(value, number_dtype(value, fd))
+
+
+def scalar_leaf(value, dtype):
+    """A lifted scalar: a 0-d parameter holding ``value`` as ``dtype``, one per (value,
+    dtype)."""
+    return scalar_leaf_(value, dtype)
+
+
+def number_leaf(value, args):
+    """A Python number passed for a Tensor argument: a lifted 0-d leaf, floats in the dtype of
+    the op's first floating tensor (``args``), or beside none in torch's default dtype (as
+    torch promotes a Python float)."""
+    return number_leaf_(value, float_dtype(args))
+
+
+# -- the live registry -----------------------------------------------------------------------
+
+def live():
+    """The lazy tensors still alive, oldest first; drops the dead references."""
+    cdef list alive = [], refs = []
+    for r in LIVE:
+        t = <object>PyWeakref_GetObject(r)
+        if t is not None:
+            alive.append(t)
+            refs.append(r)
+    LIVE[:] = refs
+    return alive
+
+
+def live_references():
+    """The registry itself (weak references, oldest first): for tests of its invariants."""
+    return LIVE
 
 
 cdef inline int track_(object t) except -1:
+    global compact_at
     r = PyWeakref_NewRef(t, None)
     PyObject_GC_UnTrack(<PyObject*>r)
     LIVE.append(r)
     if len(LIVE) > compact_at:
-        compact()
+        # Drop the dead references; the next threshold is twice what is left (at least
+        # 10,000), so compaction stays amortized O(1) per tensor.
+        compact_at = max(10_000, 2 * len(live()))
     return 0
 
 
@@ -111,10 +187,11 @@ cdef inline bint is_number(object v):
 
 @cython.final
 cdef class Positional:
-    """One overload's preparation for calls without keyword arguments: ``prepare(args)`` gives
-    ``(key, operands, attributes)``, or None for more arguments than the schema takes (torch's
-    own argument parser rejects such a call before it reaches dispatch; the caller falls back
-    to the general preparation)."""
+    """One overload's argument preparation: ``prepare(args)``, for the arguments laid out by
+    position (an absent one ``MISSING``), gives ``(key, operands, attributes)``: the
+    shape-inference memo key (tensors by Shape, lifted floats by name only), the operands
+    (lifted scalars last) and the attributes (every argument the schema has, defaults
+    included). None for more arguments than the schema takes."""
 
     cdef readonly str op
     cdef Py_ssize_t nargs
@@ -150,38 +227,35 @@ cdef class Positional:
         if n > self.nargs:
             return None
         for k in range(self.nargs):
-            if k < n or self.defaults[k] is not MISSING:
+            if (k < n and args[k] is not _MISSING) or self.defaults[k] is not _MISSING:
                 size += 1
         key = [None] * size
         key[0] = self.op
         size = 1
         for k in range(self.nargs):
             name = self.names[k]
-            if k >= n:
+            v = args[k] if k < n else _MISSING
+            if v is _MISSING:
                 v = self.defaults[k]
-                if v is MISSING:
+                if v is _MISSING:
                     continue
                 a = self.const_attrs[k]
-                if a is not MISSING:
+                if a is not _MISSING:
                     attrs[name] = a
                     key[size] = self.const_keys[k]
                     size += 1
                     continue
-            else:
-                v = args[k]
             kind = self.kinds[k]
             if kind == TENSOR:
                 if type(v) is LAZY:
                     v = v._ir
                 elif is_number(v):
-                    leaf = None
-                    # Beside a lazy floating first operand, a number seen before is one lookup
-                    # (a zero is left to number_leaf, which keeps -0.0 apart from 0.0).
-                    if k > 0 and shape0 is not None and type(args[0]) is LAZY and v != 0:
+                    # Beside a lazy floating first operand, its dtype is the float dtype.
+                    if k > 0 and shape0 is not None and type(args[0]) is LAZY:
                         fd = shape0.dtype
-                        if fd in FLOATS:
-                            leaf = LEAVES.get((type(v), v, fd))
-                    v = leaf if leaf is not None else number_leaf(v, args)
+                        v = number_leaf_(v, fd if fd in _FLOATS else float_dtype(args))
+                    else:
+                        v = number_leaf_(v, float_dtype(args))
                 else:
                     v = as_value(v)
                 operands.append(v)
@@ -194,12 +268,12 @@ cdef class Positional:
                 part = (name, a)
             elif kind == SCALAR:
                 leaf = None
-                if self.lift and type(v) is float and v not in SPECIAL:
+                if self.lift and type(v) is float and v not in _SPECIAL:
                     fd = float_dtype(args)
                     if fd is not None:
-                        leaf = scalar_leaf(v, fd)
+                        leaf = scalar_leaf_(v, fd)
                 elif type(v) is complex:  # no attribute encoding: always a lifted leaf
-                    leaf = number_leaf(v, args)
+                    leaf = number_leaf_(v, float_dtype(args))
                 if leaf is not None:
                     if lifted_names is None:
                         lifted_names, lifted_leaves = [], []
@@ -258,7 +332,8 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
             plan = <Positional>p
             prepared = plan.prepare(<tuple>args)
             if prepared is not None:
-                layout = META.get((<tuple>prepared)[0])
+                p = PyDict_GetItemWithError(META, (<tuple>prepared)[0])
+                layout = <object>p if p is not NULL else None
                 if layout is not None and (<tuple>layout)[0] == "one":
                     out = PyObject_Call(MAKE, (LAZY, (<tuple>layout)[2]), (<tuple>layout)[4])
                     out._ir = VALUE(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from ir_runtime._frontend._tensor import DEVICE
+from ir_runtime._frontend._convert import DEVICE
 
 _MODULES = (
     "optimizer",
@@ -26,7 +26,8 @@ _MODULES = (
 )
 
 
-def _install() -> None:
+def install() -> None:
+    """Add the lazy device to the capturable devices of every torch optimizer module."""
     base = importlib.import_module("torch.optim.optimizer")._get_capturable_supported_devices
     if getattr(base, "_lazy_device", False):
         return
@@ -39,6 +40,3 @@ def _install() -> None:
         module = importlib.import_module(f"torch.optim.{name}")
         if hasattr(module, "_get_capturable_supported_devices"):
             module._get_capturable_supported_devices = supported
-
-
-_install()

@@ -49,6 +49,17 @@ def register(*ops: str):
     return add
 
 
+def unregister(op: str) -> None:
+    """Remove the rule of ``op`` (a rule a user or a test registered); ops routed through it are
+    routed afresh."""
+    if op not in RULES:
+        raise KeyError(f"{op!r} has no lowering rule to remove")
+    del RULES[op]
+    OPERANDS.pop(op, None)
+    for hook in ON_CHANGE:
+        hook()
+
+
 def existing(*ops: str) -> tuple:
     """Those of ``ops`` that the front end can record (a family registered by a loop: ``maximum``
     has no ``.Scalar`` overload, and ``add.default`` adds two Python numbers)."""

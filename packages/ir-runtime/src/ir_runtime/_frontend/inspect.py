@@ -1,0 +1,47 @@
+"""The front end's one internal seam: what tests and tools may read of its state.
+
+Everything else under ``ir_runtime._frontend`` may change without notice; these functions
+keep their meaning. They read; none of them changes a tensor, a graph or a cache.
+"""
+
+from __future__ import annotations
+
+from ir_runtime._frontend import _dispatch, _fast, _record
+from ir_runtime._frontend._tensor import LazyTensor
+
+
+def value_of(t: LazyTensor):
+    """The ir-core ``Value`` a lazy tensor stands for now: pending IR, or data it holds."""
+    return t._ir
+
+
+def data_of(t: LazyTensor):
+    """The device array a lazy tensor holds, or None while its value is pending."""
+    node = t._ir.node
+    return getattr(node, "handle", None) if type(node).__name__ == "DeviceData" else None
+
+
+def annotation_of(t: LazyTensor):
+    """The sharding the user annotated on ``t`` (``mark_sharding``), or None."""
+    return t._spec
+
+
+def live_tensors() -> list:
+    """Every lazy tensor still alive, oldest first."""
+    return _fast.live()
+
+
+def live_references() -> list:
+    """The live registry itself: weak references, oldest first (dead ones until compaction)."""
+    return _fast.live_references()
+
+
+def functional_of(func):
+    """The out-of-place overload the front end records for an in-place ATen op, or None."""
+    return _dispatch._functional(func)
+
+
+def prepared(func, args, kwargs) -> tuple:
+    """``(memo key, operands, attributes)`` the front end records for ``func(*args,
+    **kwargs)``: operands as ir-core Values, attributes with every default filled in."""
+    return _record.prepare(_record.plan_of(func), args, kwargs)
