@@ -10,7 +10,7 @@ from ir_runtime import _distributed, _metrics
 from ir_runtime._dtypes import enable_x64
 from ir_runtime._errors import DeviceCountError
 from ir_runtime._jaxapi import backends_are_initialized
-from ir_sharding._jax import global_devices
+from ir_sharding import global_devices
 
 ENV_CPU_DEVICES = "IR_RUNTIME_CPU_DEVICES"
 ENV_CACHE_DIR = "IR_RUNTIME_CACHE_DIR"
@@ -97,18 +97,10 @@ def devices() -> list:
 
 
 _BY_ID: dict = {}
-_ORDINAL: dict = {}
 
 
 def device_by_id() -> dict:
-    """Global device id -> jax device."""
+    """Global device id -> jax device (``ir_sharding.global_devices`` is the order)."""
     if not _BY_ID:
         _BY_ID.update(enumerate(global_devices()))
     return _BY_ID
-
-
-def ordinal(device) -> int:
-    """The global device id of a jax device."""
-    if not _ORDINAL:
-        _ORDINAL.update((d, k) for k, d in enumerate(global_devices()))
-    return _ORDINAL[device]

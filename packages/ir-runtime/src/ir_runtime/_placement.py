@@ -7,9 +7,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from ir_runtime._bounded import Bounded
-from ir_runtime._devices import device_by_id, ordinal
+from ir_runtime._devices import device_by_id
 from ir_runtime._errors import LoweringError
-from ir_sharding import Mesh, ShardingKind, ShardingSpec, TupleSharding
+from ir_sharding import ShardingKind, ShardingSpec, TupleSharding, device_ordinal
 
 
 def specs_of(sharding) -> list:
@@ -69,7 +69,7 @@ class Program:
         if mesh is None:
             # This process's first device: in several processes, each runs an unsharded
             # graph on its own.
-            self.device_ids = (ordinal(jax.local_devices()[0]),)
+            self.device_ids = (device_ordinal(jax.local_devices()[0]),)
         else:
             missing = [d for d in mesh.device_ids if d not in by_id]
             if missing:
@@ -88,7 +88,6 @@ class Program:
         else:
             flat = jax.sharding.Mesh(np.array(self.devices, dtype=object), ("devices",))
             self.replicated = NamedSharding(flat, PartitionSpec())
-        self.meshes = {}  # jax mesh -> the ir_sharding Mesh it was built from
 
     def jax_sharding(self, spec):
         """The jax sharding for a ShardingSpec, or the replicated default for None."""
@@ -96,52 +95,18 @@ class Program:
             return self.replicated
         # Not a dict keyed by spec: specs compare by placement, and two specs with one placement
         # can be written for different ranks. Each spec caches its own conversion.
-        converted = spec.to_jax()
-        if isinstance(converted, NamedSharding):
-            self.meshes.setdefault(converted.mesh, spec.mesh)
-        return converted
+        return spec.to_jax()
 
 
 def spec_from_jax(sharding, ndim: int, program: Program):
-    """The ShardingSpec of a placement jax reports, None when it is replicated over the
-    program's devices.
-
-    A ``NamedSharding`` over one of the program's meshes converts to a spec over that same mesh,
-    so a result fed back into the next step has the device order of the arrays beside it.
-    Anything else is rebuilt from XLA's own tile assignment."""
-    if isinstance(sharding, NamedSharding) and sharding.mesh in program.meshes:
-        entries = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
-        spec = ShardingSpec(program.meshes[sharding.mesh], entries)
-        if spec.kind is ShardingKind.REPLICATED and set(spec.mesh.device_ids) == set(
-            program.device_ids
-        ):
-            return None
-        return spec
-    hlo = sharding._to_xla_hlo_sharding(ndim)
-    assignment = list(sharding._device_assignment)
-    if hlo.is_replicated():
-        ids = {ordinal(d) for d in assignment}
-        if ids == set(program.device_ids):
-            return None
-        return ShardingSpec.replicated(Mesh(sorted(ids), (len(ids),), ("devices",)))
-    if hlo.is_maximal():
-        return ShardingSpec.maximal(
-            Mesh(program.device_ids, (len(program.device_ids),), ("devices",)),
-            ordinal(assignment[hlo.get_unique_device()]),
-        )
-    if hlo.is_manual():
-        return ShardingSpec.manual(
-            Mesh(program.device_ids, (len(program.device_ids),), ("devices",))
-        )
-    proto = hlo.to_proto()
-    dims = list(proto.tile_assignment_dimensions)
-    order = hlo.tile_assignment_devices()
-    ids = [ordinal(assignment[k]) for k in order]
-    names = [f"t{k}" for k in range(len(dims))]
-    replicated_last = bool(proto.replicate_on_last_tile_dim) or bool(proto.last_tile_dims)
-    spec = tuple(names[:ndim]) if not replicated_last else tuple(names[: len(dims) - 1])
-    spec = tuple(n if d > 1 else None for n, d in zip(spec, dims, strict=False))
-    out = ShardingSpec(Mesh(ids, dims, names), spec)
-    if out.kind is ShardingKind.REPLICATED and set(ids) == set(program.device_ids):
+    """The ShardingSpec of a placement jax reports for a program's result, None when it is
+    replicated over the program's devices (so a step whose results come back replicated hashes
+    like the step before). A ``NamedSharding`` converts to a spec over a mesh equal to the one
+    it was built from, so a result fed back into the next step has the device order of the
+    arrays beside it."""
+    spec = ShardingSpec.from_jax(sharding, ndim, mesh=program.mesh)
+    if spec.kind is ShardingKind.REPLICATED and set(spec.mesh.device_ids) == set(
+        program.device_ids
+    ):
         return None
-    return out
+    return spec
