@@ -1,6 +1,7 @@
 """compile_step: traced calls, then replays, against torch eager; guards; refusals."""
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -464,3 +465,170 @@ def test_a_forward_returning_its_autograd_graph_is_replayed():
     for x, _ in batches(5):
         close(forward(irt.to_lazy(x)), eager(x))
     assert forward.replaying
+
+
+# ---------------------------------------------------------------------------------------------
+# Each guard kind, failing: the call is traced again, and last_guard_failure names the guard.
+
+
+def fail_guard(step, call, change):
+    """Replay ``step``, make ``change``, call it once more: that call's (StepGuardFailed,
+    StepTraced) counts and the step's ``last_guard_failure``; then it replays again."""
+    for _ in range(3):
+        call()
+    assert step.replaying and step.last_guard_failure is None
+    before = dict(counters())
+    change()
+    call()
+    after = counters()
+    counts = tuple(after.get(k, 0) - before.get(k, 0) for k in ("StepGuardFailed", "StepTraced"))
+    why = step.last_guard_failure
+    for _ in range(2):
+        call()
+    assert step.replaying and step.last_guard_failure == why  # the last failure, kept
+    return counts, why
+
+
+def set_lr(lazy, opt):
+    opt.param_groups[0]["lr"] = 0.05
+
+
+def set_momentum(lazy, opt):
+    opt.param_groups[0]["momentum"] = 0.5
+
+
+def load_state(lazy, opt):
+    opt.load_state_dict(opt.state_dict())
+
+
+def add_group(lazy, opt):
+    opt.add_param_group({"params": [irt.to_lazy(torch.zeros(3)).requires_grad_()]})
+
+
+def to_eval(lazy, opt):
+    lazy[0].eval()
+
+
+def freeze(lazy, opt):
+    lazy[0].weight.requires_grad_(False)
+
+
+def replace_layer(lazy, opt):
+    lazy[2] = irt.to_lazy(torch.nn.Linear(32, 4))  # (not optimized: the module guard names it)
+
+
+def drop_grad(lazy, opt):
+    lazy[0].weight.grad = None
+
+
+def change_outside(lazy, opt):
+    with torch.no_grad():
+        lazy[2].bias.mul_(0.5)  # pending work on a tensor the step reads
+
+
+LINEAR = r"module Linear\(in_features=16, out_features=32, bias=True\)"
+GUARD_FAILURES = [  # (a change between calls, the failure it names)
+    (set_lr, r"^optimizer SGD's lr changed from 0\.1 to 0\.05$"),
+    (set_momentum, r"^optimizer SGD's momentum changed from 0\.9 to 0\.5$"),
+    (load_state, r"^optimizer SGD's state table was replaced \(load_state_dict\)$"),
+    (add_group, r"^optimizer SGD has 2 parameter groups, not 1$"),
+    (to_eval, rf"^{LINEAR} switched to eval\(\)$"),
+    (freeze, rf"^{LINEAR}'s parameter 'weight' no longer requires grad$"),
+    (replace_layer, r"^module Sequential's submodule '2' was replaced$"),
+    (drop_grad, r"^p\.grad of tensor \[32, 16\] float32 was set when traced and is None now$"),
+    (change_outside, r"^tensor \[4\] float32 that the step reads holds pending work"),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "why"), GUARD_FAILURES, ids=[c.__name__ for c, _ in GUARD_FAILURES]
+)
+def test_a_failing_guard_traces_again_and_is_named(change, why):
+    _, lazy = pair()
+    opt = torch.optim.SGD(lazy.parameters(), lr=0.1, momentum=0.9)
+    step = irt.compile_step(train_fn(lazy, opt))
+    x, y = batches(1)[0]
+    x, y = irt.to_lazy(x), irt.to_lazy(y)
+    counts, failure = fail_guard(step, lambda: step(x, y), lambda: change(lazy, opt))
+    assert counts == (1, 1)
+    assert re.search(why, failure), failure
+
+
+def test_a_host_tensor_read_changing_is_named():
+    scale = torch.tensor([2.0, 3.0])
+
+    @irt.compile_step
+    def f(x):
+        return x * scale
+
+    x = torch.randn(4, 2)
+    call = lambda: close(f(irt.to_lazy(x)), x * scale)  # noqa: E731
+    counts, why = fail_guard(f, call, lambda: scale.fill_(-1))
+    assert counts == (1, 1)
+    assert why == "host tensor [2] float32 that the step reads changed from [2., 3.] to [-1., -1.]"
+
+
+def test_requires_grad_of_a_tensor_read_changing_is_named():
+    w = irt.to_lazy(torch.full((4,), 2.0)).requires_grad_()
+
+    @irt.compile_step
+    def f(x):
+        return x * w  # w belongs to no module: its own guard sees it frozen
+
+    x = torch.randn(4)
+    counts, why = fail_guard(
+        f, lambda: close(f(irt.to_lazy(x)), x * 2), lambda: w.requires_grad_(False)
+    )
+    assert counts == (1, 1)
+    assert why == "tensor [4] float32 that the step reads no longer requires grad"
+
+
+def test_a_gradient_read_being_replaced_is_named():
+    w = irt.to_lazy(torch.ones(4)).requires_grad_()
+    x = torch.randn(4)
+
+    @irt.compile_step
+    def accumulate(x):
+        (x * w).sum().backward()  # no zero_grad: the program reads w.grad and adds to it
+
+    def restart():
+        w.grad = irt.to_lazy(torch.zeros(4))
+
+    counts, why = fail_guard(accumulate, lambda: accumulate(irt.to_lazy(x)), restart)
+    assert counts == (1, 1)
+    assert why == "p.grad of tensor [4] float32 was replaced"
+    close(w.grad, 3 * x)  # the new gradient, then two replays added to it
+
+
+def test_a_gradient_set_between_calls_of_a_step_ending_in_zero_grad_is_used():
+    """A step that ends in ``zero_grad()`` starts and ends with every ``.grad`` None; a
+    ``.grad`` the user sets between two calls is accumulated into by eager, so a replay (whose
+    program reads no gradient) must give way to a trace."""
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(3, 2)
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    xs = [torch.randn(5, 3) for _ in range(6)]
+    opts = {m: torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, lazy)}
+
+    def train(model, x):
+        model(x).square().sum().backward()
+        opts[model].step()
+        opts[model].zero_grad()
+
+    step = irt.compile_step(train)
+    calls = iter(xs)
+
+    def call():
+        x = next(calls)
+        train(eager, x)
+        step(lazy, irt.to_lazy(x))
+
+    def set_grad():
+        eager.weight.grad = torch.ones(2, 3)
+        lazy.weight.grad = irt.to_lazy(torch.ones(2, 3))
+
+    counts, why = fail_guard(step, call, set_grad)
+    assert counts == (1, 1)
+    assert why == "p.grad of tensor [2, 3] float32 was None when traced and is set now"
+    close(lazy.weight, eager.weight.detach())
+    close(lazy.bias, eager.bias.detach())

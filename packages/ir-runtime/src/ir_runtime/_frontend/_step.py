@@ -125,12 +125,3 @@ def install() -> None:
     """torch's ``torch._lazy.mark_step`` and ``wait_device_ops`` run this package's."""
     torch._lazy.mark_step = _torch_lazy_mark_step
     torch._lazy.wait_device_ops = _torch_lazy_wait_device_ops
-
-
-# Temporary: the old names, while _capture.py is being rewritten.
-_pending = pending
-_run = run
-
-
-def bind(t, data) -> None:
-    t._bind(data)

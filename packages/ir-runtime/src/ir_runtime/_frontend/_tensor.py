@@ -160,6 +160,3 @@ def as_value(x) -> Value:
 # reference, one to its base if it is a view)). A replay reads none of them, so it checks that
 # those still alive hold the same.
 HOST_READS: list | None = None
-
-
-_base_of = base_of  # Temporary: the old name, while _capture.py is being rewritten.
