@@ -11,7 +11,7 @@ import torch
 from training import compiled_step, lazy_step
 
 import ir_runtime as irt
-from ir_runtime._frontend._tensor import live
+from ir_runtime._frontend import inspect
 
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
 
@@ -38,7 +38,7 @@ def test_annotating_a_value_already_read_relinks_its_consumers():
 def test_a_bad_annotation_changes_nothing():
     lx = irt.to_lazy(torch.ones(8, 4))
     h = lx * 2.0
-    before = h._ir
+    before = inspect.value_of(h)
     for bad in [("data",), ("nope", None), ("data", "data")]:
         try:
             irt.mark_sharding(h, MESH, bad)
@@ -46,7 +46,7 @@ def test_a_bad_annotation_changes_nothing():
             pass
         else:
             raise AssertionError(f"{bad} was accepted")
-        assert h._ir is before and h._spec is None
+        assert inspect.value_of(h) is before and inspect.annotation_of(h) is None
     np.testing.assert_array_equal(irt.to_torch(h).numpy(), np.full((8, 4), 2.0, np.float32))
 
 
@@ -74,7 +74,7 @@ def test_500_steps_do_not_grow_memory(compiled):
             lazy_step(model, opt, loss_fn, x, y, MESH)
         if step in (99, 499):
             gc.collect()
-            marks[step] = (_rss_mb(), len(live()))
+            marks[step] = (_rss_mb(), len(inspect.live_tensors()))
     grown = marks[499][0] - marks[99][0]
     assert grown < 40, f"RSS grew {grown:.1f} MB from step 100 to 500"
     assert marks[499][1] <= marks[99][1] + 5, marks  # no lazy tensors pile up
