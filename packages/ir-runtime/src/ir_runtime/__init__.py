@@ -39,28 +39,10 @@ __version__ = "0.6.0"
 
 register_lowering = register
 
-# The front end's names: imported (and the front end installed into torch) on first use.
-_FRONTEND = frozenset(
-    (
-        "CaptureWarning",
-        "CompiledStep",
-        "LazyTensor",
-        "clear_sharding",
-        "compile_step",
-        "dump",
-        "from_process_local",
-        "install",
-        "mark_sharding",
-        "mark_step",
-        "process_local_slices",
-        "to_lazy",
-        "to_torch",
-        "visualize_sharding",
-    )
-)
-
 
 def __getattr__(name: str):
+    # The front end's names (in __all__, not defined above): imported, and the front end
+    # installed into torch, on first use.
     if name in _FRONTEND:
         from ir_runtime import _frontend
 
@@ -68,10 +50,6 @@ def __getattr__(name: str):
         globals()[name] = value  # found once
         return value
     raise AttributeError(f"module 'ir_runtime' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | _FRONTEND)
 
 
 def supported_ops() -> list[str]:
@@ -122,3 +100,8 @@ __all__ = [
     "visualize_sharding",
     "wait_device_ops",
 ]
+_FRONTEND = frozenset(__all__) - set(globals())
+
+
+def __dir__():
+    return sorted(set(globals()) | _FRONTEND)

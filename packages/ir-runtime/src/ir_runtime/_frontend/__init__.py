@@ -24,7 +24,9 @@ from ir_runtime._frontend import (
     _samplers,  # noqa: F401  (random samplers)
     _step,
 )
-from ir_runtime._frontend._api import (
+
+# The front end's public names, re-exported by ir_runtime (its __all__ lists them).
+from ir_runtime._frontend._api import (  # noqa: F401
     clear_sharding,
     dump,
     from_process_local,
@@ -33,9 +35,9 @@ from ir_runtime._frontend._api import (
     to_lazy,
     visualize_sharding,
 )
-from ir_runtime._frontend._capture import CaptureWarning, CompiledStep, compile_step
-from ir_runtime._frontend._step import mark_step, to_torch
-from ir_runtime._frontend._tensor import LazyTensor
+from ir_runtime._frontend._capture import CaptureWarning, CompiledStep, compile_step  # noqa: F401
+from ir_runtime._frontend._step import mark_step, to_torch  # noqa: F401
+from ir_runtime._frontend._tensor import LazyTensor  # noqa: F401
 
 _INSTALLED = [False]
 
@@ -53,20 +55,3 @@ def install() -> None:
 
 
 install()
-
-__all__ = [
-    "CaptureWarning",
-    "CompiledStep",
-    "LazyTensor",
-    "clear_sharding",
-    "compile_step",
-    "dump",
-    "from_process_local",
-    "install",
-    "mark_sharding",
-    "mark_step",
-    "process_local_slices",
-    "to_lazy",
-    "to_torch",
-    "visualize_sharding",
-]

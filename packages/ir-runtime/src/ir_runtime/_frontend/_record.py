@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ir_core import DeviceData, Generic, Shape, Value
+from ir_runtime import _schema
 from ir_runtime._bounded import Bounded
 from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._frontend import _fast
@@ -35,7 +36,7 @@ class Plan:
         self.args = []
         for a in schema.arguments:
             default = a.default_value if a.has_default_value() else MISSING
-            self.args.append((a.name, _kind(a.type), default))
+            self.args.append((a.name, _KIND[_schema.argument_kind(a.type)], default))
         self.index = {name: k for k, (name, _, _) in enumerate(self.args)}
         # An op whose result aliases its first argument (view, select, slice, t, ...).
         returns = schema.returns
@@ -75,20 +76,14 @@ class Plan:
         return out
 
 
-def _kind(t) -> int:
-    if isinstance(t, torch.TensorType):
-        return TENSOR
-    if isinstance(t, torch.OptionalType) and isinstance(t.getElementType(), torch.TensorType):
-        return OPT_TENSOR
-    if isinstance(t, torch.ListType) and isinstance(
-        t.getElementType(), (torch.TensorType, torch.OptionalType)
-    ):
-        return TENSOR_LIST
-    if isinstance(t, torch.NumberType) or (
-        isinstance(t, torch.OptionalType) and isinstance(t.getElementType(), torch.NumberType)
-    ):
-        return SCALAR
-    return OTHER
+# The schema's argument kinds (``_schema``, which the lowering reads too) as C's numbers.
+_KIND = {
+    _schema.TENSOR: TENSOR,
+    _schema.TENSOR_LIST: TENSOR_LIST,
+    _schema.OPTIONAL_TENSOR: OPT_TENSOR,
+    _schema.SCALAR: SCALAR,
+    _schema.OTHER: OTHER,
+}
 
 
 def _constant(plan: Plan, name: str, kind: int, default):
