@@ -34,3 +34,38 @@ def test_the_tracing_fast_path_is_compiled():
     from ir_runtime._frontend import _fast
 
     assert Path(_fast.__file__).suffix in (".so", ".pyd"), _fast.__file__
+
+
+def test_importing_changes_no_torch_or_jax_setting_until_the_front_end_is_used():
+    """``import ir_runtime`` (the graph-level API) leaves torch and jax as they were; the first
+    use of a front-end name installs the front end into torch."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import importlib
+        import jax, torch, torch._lazy
+        adam = importlib.import_module("torch.optim.adam")
+        before = (torch.manual_seed, torch._lazy.mark_step,
+                  adam._get_capturable_supported_devices)
+        import ir_runtime as irt
+        after = (torch.manual_seed, torch._lazy.mark_step,
+                 adam._get_capturable_supported_devices)
+        assert after == before, "import changed torch"
+        assert not jax.config.jax_enable_x64, "import turned on x64"
+        assert "ir_runtime._frontend" not in __import__("sys").modules
+        irt.to_lazy  # the first use of a front-end name
+        assert torch.manual_seed is not before[0]
+        assert torch._lazy.mark_step is not before[1]
+        assert "lazy" in adam._get_capturable_supported_devices()
+        assert jax.config.jax_enable_x64
+        print(float(irt.to_torch(irt.to_lazy(torch.ones(2)) * 3).sum()))
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "6.0"
