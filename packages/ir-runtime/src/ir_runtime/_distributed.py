@@ -24,6 +24,7 @@ import time
 import jax
 
 from ir_runtime._errors import DistributedError, ExecutionError
+from ir_runtime._jaxapi import distributed_client
 
 ENV_COORDINATOR = "IR_RUNTIME_COORDINATOR"
 ENV_NUM_PROCESSES = "IR_RUNTIME_NUM_PROCESSES"
@@ -211,8 +212,6 @@ class _Watchdog:
     """Heartbeats through the coordination service; ends the process when another one is lost."""
 
     def __init__(self, timeout: float):
-        from ir_runtime._jaxapi import distributed_client
-
         self.client = distributed_client()
         self.timeout = timeout
         self.interval = min(0.5, timeout / 10)

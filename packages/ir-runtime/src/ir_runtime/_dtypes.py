@@ -3,6 +3,7 @@ int64, which needs jax's x64 mode (``enable_x64``)."""
 
 from __future__ import annotations
 
+import jax
 import ml_dtypes
 import numpy as np
 
@@ -57,7 +58,5 @@ def enable_x64() -> None:
     """Turn on jax's x64 mode, once: torch's int64 and float64 stay 64-bit. ``init``, the first
     placement and the first compile call it; importing ir_runtime changes no jax setting."""
     if not _X64[0]:
-        import jax
-
         jax.config.update("jax_enable_x64", True)
         _X64[0] = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import torch
 
 from ir_core import DeviceData, Shape, Value, dump_dot, dump_text, relink
@@ -94,8 +95,6 @@ def from_process_local(local, mesh: Mesh, partition_spec, global_shape=None) -> 
     In one process the local part is the whole tensor: the same program runs either way.
     ``global_shape`` defaults to what the local parts of all processes add up to.
     """
-    import jax
-
     spec = ShardingSpec(mesh, partition_spec)
     if not isinstance(local, torch.Tensor):
         raise TypeError(f"from_process_local takes a torch.Tensor, got {type(local).__name__}")

@@ -194,6 +194,7 @@ def special(*funcs):
 
 
 # By id: OpOverload hashes in Python, and ids of its (cached, immortal) overloads are stable.
+# Unbounded and needing no bound: one entry per ATen overload the program ever calls.
 _ROUTES: dict = {}
 _NO_KWARGS: dict = {}
 
