@@ -8,8 +8,12 @@ from ir_core import DeviceData, Value, post_order
 from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._errors import LoweringError
 from ir_runtime._placement import Program, spec_at, specs_of
+from ir_sharding import ShardingSpec
 
 DEFAULT_DEVICES = ()  # device ids of a graph with no sharding: the default device
+# A pin (the front end's): replicated over the devices of the graph's program, whichever they
+# turn out to be (None, unsharded, when the graph has no mesh).
+REPLICATED = "replicated over the program's devices"
 
 
 def roots_of(roots) -> list:
@@ -34,7 +38,7 @@ def _pins(pins, roots):
             f"out_shardings has {len(pins)} entries for {len(roots)} roots; give one per root"
         )
     for k, (spec, r) in enumerate(zip(pins, roots, strict=True)):
-        if spec is not None:
+        if spec is not None and spec is not REPLICATED:
             specs_of(spec)  # a ShardingSpec, or a clear error
             spec.check_rank(r.shape.rank, f"root {k} ({r.shape})")
     return pins if any(p is not None for p in pins) else None
@@ -55,7 +59,7 @@ class Graph:
         self.mesh = None
         self.device_ids = DEFAULT_DEVICES
         for spec in self.pins or ():
-            if spec is not None:
+            if spec is not None and spec is not REPLICATED:
                 self.mesh, self.device_ids = spec.mesh, spec.mesh.device_ids
                 break
         for n in self.order if self.mesh is None else ():
@@ -63,6 +67,9 @@ class Graph:
             if specs:
                 self.mesh, self.device_ids = specs[0].mesh, specs[0].mesh.device_ids
                 break
+        if self.pins is not None and REPLICATED in self.pins:
+            everywhere = None if self.mesh is None else ShardingSpec.replicated(self.mesh)
+            self.pins = tuple(everywhere if p is REPLICATED else p for p in self.pins)
 
     @property
     def program(self) -> Program:

@@ -7,7 +7,7 @@ import time
 import torch
 import torch._lazy
 
-from ir_core import DeviceData, post_order
+from ir_core import DeviceData
 from ir_runtime import _metrics
 from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import fetch
@@ -15,7 +15,7 @@ from ir_runtime._execute import run_graph
 from ir_runtime._frontend import _rng
 from ir_runtime._frontend._convert import host_tensor
 from ir_runtime._frontend._tensor import LazyTensor, live
-from ir_runtime._placement import spec_at, specs_of
+from ir_runtime._placement import spec_at
 
 
 def pending(t: LazyTensor) -> bool:
@@ -23,23 +23,10 @@ def pending(t: LazyTensor) -> bool:
     return type(t._ir.node) is not DeviceData
 
 
-def _mesh_of(tensors):
-    for t in tensors:
-        spec = t._where()
-        if spec is not None:
-            return spec.mesh
-    for n in post_order([t._ir for t in tensors]):
-        specs = specs_of(n.sharding)
-        if specs:
-            return specs[0].mesh
-    return None
-
-
 def _pin(tensors):
     """Roots for ``tensors``, and where each result must land: its tensors' strongest claim
     (``LazyTensor._claim``), so the next step's graph is the same program."""
     roots, seen, pins, strength = [], {}, [], []
-    mesh = _mesh_of(tensors)
     for t in tensors:
         v = t._ir
         key = (id(v.node), v.index)
@@ -49,7 +36,7 @@ def _pin(tensors):
             roots.append(v)
             pins.append(None)
             strength.append(0)
-        claim, spec = t._claim(mesh)
+        claim, spec = t._claim()
         if claim > strength[k]:
             strength[k], pins[k] = claim, spec
     for k, v in enumerate(roots):

@@ -21,7 +21,7 @@ from ir_core import DeviceData, Value
 from ir_runtime._errors import UnsupportedOpError
 from ir_runtime._frontend import _fast
 from ir_runtime._frontend._convert import DEVICE, IR_TO_TORCH, host_numpy, shape_of
-from ir_sharding import ShardingSpec
+from ir_runtime._graph import REPLICATED
 
 _make = torch.Tensor._make_wrapper_subclass
 _DATA = torch._C.TensorBase.data  # torch's own .data descriptor
@@ -106,11 +106,12 @@ class LazyTensor(torch.Tensor):
             return self._spec
         return None if self._placed is NEVER_HELD else self._placed
 
-    def _claim(self, mesh) -> tuple[int, ShardingSpec | None]:
+    def _claim(self) -> tuple:
         """Where the tensor's next result must land, and how strongly it says so (several
         tensors can hold one value; the strongest claim wins): 3, its annotation; 2, where its
-        sharded data was; 1, replicated over ``mesh`` (a tensor that held unsharded data stays
-        replicated when its program runs over a mesh); 0, wherever XLA puts it (None)."""
+        sharded data was; 1, replicated over the program's devices (``_graph.REPLICATED``: a
+        tensor that held unsharded data stays replicated when its program runs over a mesh);
+        0, wherever XLA puts it (None)."""
         if self._spec is not None:
             return 3, self._spec
         placed = self._placed
@@ -118,7 +119,7 @@ class LazyTensor(torch.Tensor):
             return 0, None
         if placed is not None:
             return 2, placed
-        return 1, (None if mesh is None else ShardingSpec.replicated(mesh))
+        return 1, REPLICATED
 
 
 def wrap(value: Value) -> LazyTensor:
