@@ -1,4 +1,5 @@
-"""Lowering rules, op name -> JAX function, one module per op family.
+"""Lowering rules, op name -> JAX function, one module (or package, for the large ones) per op
+family.
 
 A rule is ``rule(node, *operands) -> array or tuple of arrays`` (one per output): ``node`` gives
 the attributes (``node.attrs``, named as in the ATen schema) and the output shapes the front end
@@ -11,11 +12,13 @@ optional tensor argument that was None is an attribute set to None instead of an
 """
 
 from ir_runtime._lowering import (  # noqa: F401  (importing registers the rules)
+    comparison,
     elementwise,
     fft,
     indexing,
     linalg,
     matmul,
+    max_pooling,
     nn,
     pooling,
     random,
