@@ -632,3 +632,24 @@ def test_a_gradient_set_between_calls_of_a_step_ending_in_zero_grad_is_used():
     assert why == "p.grad of tensor [2, 3] float32 was None when traced and is set now"
     close(lazy.weight, eager.weight.detach())
     close(lazy.bias, eager.bias.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_replay_reads_a_host_argument_as_it_was_at_the_call(dtype):
+    """A replay places a host argument from a copy of its memory: writing the buffer right
+    after the call (while the program may still run) changes nothing it computes."""
+    w = irt.to_lazy(torch.ones(4, dtype=dtype))
+
+    @irt.compile_step
+    def scale(x):
+        return x * w * 2
+
+    buf = torch.zeros(4, dtype=dtype)
+    outs = []
+    for i in range(5):
+        buf.fill_(i)
+        outs.append(scale(buf))
+        buf.fill_(100)  # reused at once, as a data loader's pinned buffer would be
+    assert scale.replaying
+    for i, out in enumerate(outs):
+        assert torch.equal(irt.to_torch(out), torch.full((4,), 2.0 * i, dtype=dtype))

@@ -622,3 +622,17 @@ def test_writes_through_real_imag_and_view_as_real_reach_the_complex_tensor():
         q, r = torch.linalg.qr(m)
         (q.abs().sum() + r.abs().sum()).backward()
     torch.testing.assert_close(irt.to_torch(lazy.grad), a.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_a_lazy_tensor_keeps_its_value_when_its_host_source_is_written(dtype):
+    """jax places a numpy array on a CPU device without copying it: the front end copies host
+    memory first, so writing the host tensor afterwards changes no lazy value."""
+    t = torch.arange(4).to(dtype)
+    x = irt.to_lazy(t)
+    y = irt.to_lazy(torch.zeros(4, dtype=dtype)) + t  # a host operand, read when recorded
+    irt.mark_step()
+    t.add_(10)
+    want = torch.arange(4).to(dtype)
+    assert torch.equal(irt.to_torch(x), want)
+    assert torch.equal(irt.to_torch(y), want)

@@ -56,6 +56,17 @@ def test_importing_changes_no_torch_or_jax_setting_until_the_front_end_is_used()
         assert after == before, "import changed torch"
         assert not jax.config.jax_enable_x64, "import turned on x64"
         assert "ir_runtime._frontend" not in __import__("sys").modules
+        # The graph-level API, through a rule that reads torch's dtype promotion: still nothing.
+        import numpy as np
+        from ir_core import Generic, Shape, Value
+        irt.init(cpu_devices=1)
+        b, v = irt.to_device(np.arange(4.0)), irt.to_device(np.array([1.5, 2.5]))
+        node = Generic("aten::searchsorted.Tensor", [Value(b), Value(v)],
+                       [Shape("int64", (2,))],
+                       {"out_int32": False, "right": False, "side": None, "sorter": None})
+        assert irt.to_host(irt.execute([Value(node)])[0]).tolist() == [2, 3]
+        assert "ir_runtime._frontend" not in __import__("sys").modules
+        assert torch.manual_seed is before[0]
         irt.to_lazy  # the first use of a front-end name
         assert torch.manual_seed is not before[0]
         assert torch._lazy.mark_step is not before[1]

@@ -63,11 +63,13 @@ def movable(x: torch.Tensor) -> torch.Tensor:
 
 
 def host_numpy(x: torch.Tensor) -> np.ndarray:
-    """A host tensor's value as numpy (sharing its memory where torch can), bfloat16 kept."""
+    """A copy of a host tensor's value as numpy, bfloat16 kept. A copy: jax places a numpy
+    array on a CPU device without copying it, and the lazy value must not change when the
+    host tensor is written afterwards."""
     host = movable(x).cpu()
     if host.dtype == torch.bfloat16:
-        return host.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return host.numpy()
+        return np.array(host.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+    return np.array(host.numpy())
 
 
 def host_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:

@@ -112,7 +112,9 @@ def prepare(plan: Plan, args, kwargs):
     """The call's shape-inference memo key, operands and attributes (``_fast.Positional``)."""
     prepared = plan.positional(plan.layout(args, kwargs))
     if prepared is None:
-        raise TypeError(f"{plan.op} takes {len(plan.args)} arguments, got {len(args)}")
+        raise TypeError(
+            f"{plan.op} takes {len(plan.args)} arguments, got {len(args) + len(kwargs)}"
+        )
     return prepared
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import weakref
 
-import numpy as np
 import torch
 
 from ir_core import DeviceData, Value
@@ -149,7 +148,7 @@ def as_value(x) -> Value:
     if isinstance(x, torch.Tensor):
         if x.device.type == "meta":
             raise UnsupportedOpError(f"a meta tensor {x.shape} reached the lazy device")
-        value = Value(DeviceData(shape_of(x), handle=np.array(host_numpy(x))))
+        value = Value(DeviceData(shape_of(x), handle=host_numpy(x)))
         if HOST_READS is not None:
             base = x._base
             HOST_READS.append((value.node, (_ref(x), None if base is None else _ref(base))))

@@ -5,33 +5,26 @@ or an unsorted sequence sends a value, so the steps are replayed, not just the c
 from __future__ import annotations
 
 import jax.numpy as jnp
+import torch
 
+from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._lowering._registry import out_dtype, register
 from ir_runtime._lowering.sorting._common import _take
 
 
 def _torch_dtype(dtype):
-    import torch
-
-    from ir_runtime._dtypes import name_of
-
-    return getattr(torch, name_of(dtype))
+    return getattr(torch, name_of(dtype))  # ir-core's names are torch's
 
 
 def _compare_dtype(boundaries, value):
     """The dtype torch compares in: the result type of the boundaries and the value (a
     tensor, or a Python number for the Scalar overloads)."""
-    import torch
-
-    from ir_runtime._dtypes import to_numpy_dtype
-    from ir_runtime._frontend._record import ir_dtype
-
     b = torch.empty(
         (1,) * max(boundaries.ndim, 1), dtype=_torch_dtype(boundaries.dtype), device="meta"
     )
     if not isinstance(value, (bool, int, float)):
         value = torch.empty(value.shape, dtype=_torch_dtype(value.dtype), device="meta")
-    return to_numpy_dtype(ir_dtype(torch.result_type(b, value)))
+    return to_numpy_dtype(str(torch.result_type(b, value)).removeprefix("torch."))
 
 
 def _binary_search(boundaries, values, right: bool, sorter=None):
