@@ -172,3 +172,10 @@ def test_out_shardings_pin_results_and_key_the_cache():
         irt.execute([y], out_shardings=[rows, cols])
     with pytest.raises(ValueError, match=r"has 1 entries but root 0 \(float32\[8,4\]\) has rank 2"):
         irt.execute([y], out_shardings=[ShardingSpec(mesh, ("data",))])
+
+
+def test_to_device_copies_the_array():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    d = irt.to_device(a)
+    a += 10  # jax would place it on a CPU device without a copy
+    np.testing.assert_array_equal(irt.to_host(d), np.arange(6).reshape(2, 3))

@@ -93,9 +93,14 @@ class GatherWarning(UserWarning):
 
 
 def to_device(array, sharding=None) -> DeviceData:
-    """A ``DeviceData`` holding ``array`` placed per ``sharding`` (an ir_sharding
-    ``ShardingSpec``; None: the default device)."""
-    a = np.asarray(array)
+    """A ``DeviceData`` holding a copy of ``array`` placed per ``sharding`` (an ir_sharding
+    ``ShardingSpec``; None: the default device). A copy: jax places a numpy array on a CPU
+    device without copying it, and writing ``array`` afterwards must change nothing."""
+    return device_data(np.array(array), sharding)
+
+
+def device_data(a: np.ndarray, sharding=None) -> DeviceData:
+    """``to_device`` of an array nothing else writes (no copy)."""
     shape = Shape(name_of(a.dtype), a.shape)
     if sharding is not None:
         sharding.check_rank(a.ndim, f"the array {shape}")

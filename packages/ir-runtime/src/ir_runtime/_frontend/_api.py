@@ -7,7 +7,7 @@ import torch
 
 from ir_core import DeviceData, Shape, Value, dump_dot, dump_text, relink
 from ir_runtime import _metrics
-from ir_runtime._data import to_device
+from ir_runtime._data import device_data
 from ir_runtime._dtypes import name_of
 from ir_runtime._execute import reshard
 from ir_runtime._frontend._convert import host_numpy
@@ -21,7 +21,7 @@ from ir_sharding import clear_sharding as _clear
 def _lazy_tensor(t: torch.Tensor) -> LazyTensor:
     if isinstance(t, LazyTensor):
         return t
-    return LazyTensor(Value(to_device(host_numpy(t))), requires_grad=t.requires_grad)
+    return LazyTensor(Value(device_data(host_numpy(t))), requires_grad=t.requires_grad)
 
 
 def to_lazy(x):
