@@ -1,5 +1,6 @@
-"""Test helpers: a stand-in sharding annotation and hypothesis strategies for random graphs,
-built twice, once with ir_core and once with the plain-Python reference."""
+"""Test helpers: a stand-in sharding annotation, small hand-built graphs (``leaf`` and ``op``
+over ``F32``), and hypothesis strategies for random graphs, built twice, once with ir_core and
+once with the plain-Python reference."""
 
 from hypothesis import strategies as st
 
@@ -25,6 +26,18 @@ class Sharding:
 
     def __repr__(self):
         return f"Sharding({self.raw!r})"
+
+
+F32 = Shape("float32", (4,))
+
+
+def leaf(handle=None):
+    return DeviceData(F32, handle=handle)
+
+
+def op(name, *values, attrs=None):
+    """A Generic ``name`` of one F32 output over ``values`` (nodes or Values)."""
+    return Generic(name, [v if isinstance(v, Value) else Value(v) for v in values], [F32], attrs)
 
 
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
@@ -76,7 +89,7 @@ def build(spec):
         node = DeviceData(Shape(dtype, dims), sharding=_sharding(raw))
         ref = reference.PyNode("DeviceData", "device_data", (), [(dtype, dims)], {}, _sharding(raw))
         built.append((node, ref))
-    for _, op, picks, out_shapes, node_attrs, raw in generics:
+    for _, name, picks, out_shapes, node_attrs, raw in generics:
         operands, ref_operands = [], []
         for k, j in picks:
             node, ref = built[k % len(built)]
@@ -84,8 +97,10 @@ def build(spec):
             operands.append(Value(node, index))
             ref_operands.append((ref, index))
         node = Generic(
-            op, operands, [Shape(d, s) for d, s in out_shapes], node_attrs, _sharding(raw)
+            name, operands, [Shape(d, s) for d, s in out_shapes], node_attrs, _sharding(raw)
         )
-        ref = reference.PyNode("Generic", op, ref_operands, out_shapes, node_attrs, _sharding(raw))
+        ref = reference.PyNode(
+            "Generic", name, ref_operands, out_shapes, node_attrs, _sharding(raw)
+        )
         built.append((node, ref))
     return built

@@ -23,17 +23,7 @@ from ir_core import (
     relink,
 )
 
-from graphs import Sharding, build, graph_specs
-
-F32 = Shape("float32", (4,))
-
-
-def leaf(handle=None):
-    return DeviceData(F32, handle=handle)
-
-
-def op(name, *values):
-    return Generic(name, [v if isinstance(v, Value) else Value(v) for v in values], [F32])
+from graphs import F32, Sharding, build, graph_specs, leaf, op
 
 
 def _replacement(node, earlier, draw):

@@ -17,15 +17,7 @@ from ir_core import (
     post_order,
 )
 
-F32 = Shape("float32", (4,))
-
-
-def leaf(handle=None):
-    return DeviceData(F32, handle=handle)
-
-
-def op(name, *values, attrs=None):
-    return Generic(name, [v if isinstance(v, Value) else Value(v) for v in values], [F32], attrs)
+from graphs import F32, leaf, op
 
 
 def test_post_order_visits_operands_first_each_node_once():

@@ -289,21 +289,6 @@ def test_errors_leave_nothing_behind():
         irt.compile_step(3)
 
 
-def test_host_tensors_changed_in_place_are_read_again():
-    scale = torch.tensor([2.0, 3.0])
-
-    @irt.compile_step
-    def f(x):
-        return x * scale
-
-    x = torch.randn(4, 2)
-    for k in range(8):
-        if k == 5:
-            scale.fill_(-1.0)  # in place, between replays
-        close(f(irt.to_lazy(x)), x * scale)
-    assert f.replaying
-
-
 def test_a_tensor_learning_rate_filled_in_place_is_guarded():
     eager, lazy = pair()
     opt_e = torch.optim.SGD(eager.parameters(), lr=torch.tensor(0.05))
@@ -554,7 +539,9 @@ def test_a_failing_guard_traces_again_and_is_named(change, why):
     assert re.search(why, failure), failure
 
 
-def test_a_host_tensor_read_changing_is_named():
+def test_a_host_tensor_changed_in_place_is_read_again_and_named():
+    """Changed in place between replays, a host tensor the step reads is read again (every call
+    below checks the values), by one new trace that names the change."""
     scale = torch.tensor([2.0, 3.0])
 
     @irt.compile_step

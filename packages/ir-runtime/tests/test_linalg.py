@@ -11,6 +11,7 @@ compared through quantities that do not depend on it: projectors, reconstruction
 import pytest
 import torch
 from aten import check as check_node
+from eager import lazy
 from torch.utils._pytree import tree_flatten
 
 import ir_runtime as irt
@@ -50,13 +51,6 @@ def well_conditioned(*shape, dtype=F64, seed=0, grad=True):
     return out.detach().requires_grad_(grad)
 
 
-def _lazy(t):
-    if not isinstance(t, torch.Tensor):
-        return t
-    out = irt.to_lazy(t.detach())
-    return out.requires_grad_(True) if t.requires_grad else out
-
-
 def _host(t):
     return irt.to_torch(t) if isinstance(t, torch.Tensor) else t
 
@@ -88,7 +82,7 @@ def compare(fn, *inputs, rtol=1e-7, atol=1e-9, grads=True):
     then, with ``grads``, the gradients of every input that requires grad for one random
     cotangent per differentiable output (there must be some)."""
     want = fn(*inputs)
-    lazy_inputs = [_lazy(t) for t in inputs]
+    lazy_inputs = [lazy(t) for t in inputs]
     got = fn(*lazy_inputs)
     _assert_same(got, want, rtol, atol, "output")
     if not grads:
@@ -121,7 +115,7 @@ def compare(fn, *inputs, rtol=1e-7, atol=1e-9, grads=True):
 def fails_on_lazy(fn, *inputs, match):
     """The lazy device refuses ``fn(*inputs)`` (when recording or when lowering)."""
     with pytest.raises(Exception, match=match):
-        out = fn(*[_lazy(t) for t in inputs])
+        out = fn(*[lazy(t) for t in inputs])
         for o in tree_flatten(out)[0]:
             if isinstance(o, torch.Tensor):
                 irt.to_torch(o)
@@ -153,7 +147,7 @@ def test_cholesky_info_names_the_first_failing_minor():
     a[2, 0, 0] = 0.0  # order 1
     a[3, 4, 4] = float("nan")  # order 5
     _, info = torch.linalg.cholesky_ex(a)
-    _, info_l = torch.linalg.cholesky_ex(_lazy(a))
+    _, info_l = torch.linalg.cholesky_ex(lazy(a))
     assert info.tolist() == [0, 3, 1, 5]
     _assert_same(info_l, info, 0, 0, "info")
 
@@ -327,7 +321,7 @@ def test_inv_ex_batched_and_info():
     compare(lambda a: torch.linalg.inv_ex(a), well_conditioned(2, 3, 4, 4))
     a = well_conditioned(2, 4, 4, grad=False).clone()
     a[1, :, 3] = 0
-    got = torch.linalg.inv_ex(_lazy(a)).info
+    got = torch.linalg.inv_ex(lazy(a)).info
     _assert_same(got, torch.linalg.inv_ex(a).info, 0, 0, "info")
 
 
@@ -437,7 +431,7 @@ def test_svd_up_to_signs(full_matrices, shape, dtype):
 def test_svd_vectors_agree_up_to_sign():
     a = rnd(3, 7, 5, grad=False)
     u, s, vh = torch.linalg.svd(a, full_matrices=False)
-    u_l, s_l, vh_l = (irt.to_torch(t) for t in torch.linalg.svd(_lazy(a), full_matrices=False))
+    u_l, s_l, vh_l = (irt.to_torch(t) for t in torch.linalg.svd(lazy(a), full_matrices=False))
     torch.testing.assert_close(s_l, s)
     signs = torch.sign(torch.sum(u_l * u, dim=-2, keepdim=True))
     assert bool((signs.abs() == 1).all())
@@ -496,7 +490,7 @@ def test_eig_invariants():
 
 def test_eig_reconstructs_its_matrix():
     a = rnd(3, 5, 5, grad=False)
-    w, v = (irt.to_torch(t) for t in torch.linalg.eig(_lazy(a)))
+    w, v = (irt.to_torch(t) for t in torch.linalg.eig(lazy(a)))
     torch.testing.assert_close(w, torch.linalg.eigvals(a))
     back = v @ torch.diag_embed(w) @ torch.linalg.inv(v)
     torch.testing.assert_close(back, a.to(back.dtype))

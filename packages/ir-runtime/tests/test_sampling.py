@@ -152,69 +152,35 @@ def test_interpolate_batchless_and_size_one():
 # -- grid sampling --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
-@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
-@pytest.mark.parametrize("align_corners", [False, True])
-def test_grid_sample_2d(mode, padding_mode, align_corners):
-    x = rnd(2, 3, 5, 7)
-    # Coordinates reaching well outside [-1, 1], so every padding mode does something.
-    grid = uniform(2, 4, 6, 2, lo=-1.8, hi=1.8, seed=1)
-    compare(
-        F.grid_sample,
-        x,
-        grid,
-        mode=mode,
-        padding_mode=padding_mode,
-        align_corners=align_corners,
-        rtol=1e-4,
-        atol=1e-5,
-    )
+# (input shape, grid shape, how far the grid reaches, its seed) per spatial rank; coordinates
+# reaching well outside [-1, 1], so every padding mode does something.
+GRIDS = {2: ((2, 3, 5, 7), (2, 4, 6, 2), 1.8, 1), 3: ((2, 2, 4, 5, 3), (2, 3, 2, 4, 3), 1.6, 2)}
+GRID_MODES = {2: ["bilinear", "nearest", "bicubic"], 3: ["bilinear", "nearest"]}  # no 3-d bicubic
+GRID_TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize(("d", "mode"), [(d, m) for d, modes in GRID_MODES.items() for m in modes])
 @pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])
-def test_grid_sample_3d(mode, padding_mode, align_corners):
-    x = rnd(2, 2, 4, 5, 3)
-    grid = uniform(2, 3, 2, 4, 3, lo=-1.6, hi=1.6, seed=2)
-    compare(
-        F.grid_sample,
-        x,
-        grid,
-        mode=mode,
-        padding_mode=padding_mode,
-        align_corners=align_corners,
-        rtol=1e-4,
-        atol=1e-5,
-    )
+def test_grid_sample(d, mode, padding_mode, align_corners):
+    x_shape, grid_shape, reach, seed = GRIDS[d]
+    x = rnd(*x_shape)
+    grid = uniform(*grid_shape, lo=-reach, hi=reach, seed=seed)
+    options = {"mode": mode, "padding_mode": padding_mode, "align_corners": align_corners}
+    compare(F.grid_sample, x, grid, **options, **GRID_TOL)
 
 
 def test_grid_sample_far_outside_and_size_one():
     """Coordinates many images away reflect back in; a size-1 dim reflects onto itself."""
     x = rnd(1, 2, 4, 4)
     grid = uniform(1, 3, 3, 2, lo=-9.0, hi=9.0, seed=3)
-    for padding_mode in ("zeros", "border", "reflection"):
-        compare(
-            F.grid_sample,
-            x,
-            grid,
-            padding_mode=padding_mode,
-            align_corners=False,
-            rtol=1e-4,
-            atol=1e-5,
-        )
     x1 = rnd(1, 2, 1, 5)
-    grid = uniform(1, 2, 3, 2, lo=-2.0, hi=2.0, seed=4)
-    for align_corners in (False, True):
-        compare(
-            F.grid_sample,
-            x1,
-            grid,
-            padding_mode="reflection",
-            align_corners=align_corners,
-            rtol=1e-4,
-            atol=1e-5,
-        )
+    grid1 = uniform(1, 2, 3, 2, lo=-2.0, hi=2.0, seed=4)
+    cases = [(x, grid, p, False) for p in ("zeros", "border", "reflection")]
+    cases += [(x1, grid1, "reflection", a) for a in (False, True)]
+    for v, g, padding_mode, align_corners in cases:
+        options = {"padding_mode": padding_mode, "align_corners": align_corners}
+        compare(F.grid_sample, v, g, **options, **GRID_TOL)
 
 
 def test_grid_sample_input_only_or_grid_only():

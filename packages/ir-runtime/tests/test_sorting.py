@@ -11,18 +11,12 @@ import numpy as np
 import pytest
 import torch
 from aten import record
+from eager import lazy
 
 import ir_runtime as irt
 from ir_core import Value
 
 NAN = float("nan")
-
-
-def lazy(t):
-    if not isinstance(t, torch.Tensor):
-        return t
-    out = irt.to_lazy(t.detach())
-    return out.requires_grad_(True) if t.requires_grad else out
 
 
 def _flat(out):

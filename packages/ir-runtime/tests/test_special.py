@@ -77,6 +77,12 @@ def grid(dtype):
     ).to(dtype)
 
 
+# torch.special's functions of one tensor, tested under their own names.
+SPECIAL_UNARY = (
+    "erfcx", "log_ndtr", "i0e", "i1", "i1e", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1",
+    "modified_bessel_i0", "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1",
+    "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "spherical_bessel_j0",
+)  # fmt: skip
 UNARY = {
     "lgamma": torch.lgamma,
     "digamma": torch.digamma,
@@ -84,24 +90,9 @@ UNARY = {
     "polygamma2": lambda t: torch.polygamma(2, t),
     "polygamma3": lambda t: torch.polygamma(3, t),
     "erfc": torch.erfc,
-    "erfcx": S.erfcx,
-    "log_ndtr": S.log_ndtr,
     "i0": torch.i0,
-    "i0e": S.i0e,
-    "i1": S.i1,
-    "i1e": S.i1e,
-    "bessel_j0": S.bessel_j0,
-    "bessel_j1": S.bessel_j1,
-    "bessel_y0": S.bessel_y0,
-    "bessel_y1": S.bessel_y1,
-    "modified_bessel_i0": S.modified_bessel_i0,
-    "modified_bessel_i1": S.modified_bessel_i1,
-    "modified_bessel_k0": S.modified_bessel_k0,
-    "modified_bessel_k1": S.modified_bessel_k1,
-    "scaled_modified_bessel_k0": S.scaled_modified_bessel_k0,
-    "scaled_modified_bessel_k1": S.scaled_modified_bessel_k1,
-    "spherical_bessel_j0": S.spherical_bessel_j0,
     "signbit": torch.signbit,
+    **{name: getattr(S, name) for name in SPECIAL_UNARY},
 }
 
 
@@ -201,19 +192,17 @@ def test_igamma_gradient_wrt_x():
     same(torch.autograd.grad(torch.igamma(lazy(a), xl).sum(), xl)[0], want)
 
 
+# torch.special's <family>_polynomial_<letter>, as "<family>_<letter>".
 POLYNOMIALS = {
-    "chebyshev_t": S.chebyshev_polynomial_t,
-    "chebyshev_u": S.chebyshev_polynomial_u,
-    "chebyshev_v": S.chebyshev_polynomial_v,
-    "chebyshev_w": S.chebyshev_polynomial_w,
-    "shifted_chebyshev_t": S.shifted_chebyshev_polynomial_t,
-    "shifted_chebyshev_u": S.shifted_chebyshev_polynomial_u,
-    "shifted_chebyshev_v": S.shifted_chebyshev_polynomial_v,
-    "shifted_chebyshev_w": S.shifted_chebyshev_polynomial_w,
-    "hermite_h": S.hermite_polynomial_h,
-    "hermite_he": S.hermite_polynomial_he,
-    "laguerre_l": S.laguerre_polynomial_l,
-    "legendre_p": S.legendre_polynomial_p,
+    f"{family}_{letter}": getattr(S, f"{family}_polynomial_{letter}")
+    for family, letters in (
+        ("chebyshev", "tuvw"),
+        ("shifted_chebyshev", "tuvw"),
+        ("hermite", ("h", "he")),
+        ("laguerre", "l"),
+        ("legendre", "p"),
+    )
+    for letter in letters
 }
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from ir_core import Value
 from ir_sharding._errors import ShardingError
-from ir_sharding._spec import ShardingSpec
+from ir_sharding._spec import ShardingSpec, _ByBytes
 
 
-class TupleSharding:
+class TupleSharding(_ByBytes):
     """The shardings of a node with several outputs: one ``ShardingSpec`` or None per output.
 
     ``with_sharding`` builds it when one output of a multi-output node is annotated; the other
@@ -37,14 +37,6 @@ class TupleSharding:
 
     def canonical_bytes(self) -> bytes:
         return self._bytes
-
-    def __eq__(self, other):
-        if not isinstance(other, TupleSharding):
-            return NotImplemented
-        return self._bytes == other._bytes
-
-    def __hash__(self):
-        return hash(self._bytes)
 
     def __repr__(self):
         return f"TupleSharding({list(self._specs)!r})"

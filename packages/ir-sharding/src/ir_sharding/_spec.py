@@ -164,7 +164,22 @@ _PARSED: dict = {}
 _PLACEMENTS_MAX = 4096
 
 
-class ShardingSpec:
+class _ByBytes:
+    """A value its canonical bytes (``_bytes``) stand for: two of one class are equal, and hash
+    alike, exactly when their bytes are."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return self._bytes == other._bytes
+
+    def __hash__(self):
+        return hash(self._bytes)
+
+
+class ShardingSpec(_ByBytes):
     """How a tensor is laid out over a ``Mesh``.
 
     Args:
@@ -409,14 +424,6 @@ class ShardingSpec:
         from ir_sharding._visualize import visualize
 
         return visualize(self, self._check_shape(global_shape))
-
-    def __eq__(self, other):
-        if not isinstance(other, ShardingSpec):
-            return NotImplemented
-        return self._bytes == other._bytes
-
-    def __hash__(self):
-        return hash(self._bytes)
 
     def __repr__(self):
         if self._entries is not None:

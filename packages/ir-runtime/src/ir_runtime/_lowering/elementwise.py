@@ -227,27 +227,26 @@ def _hardtanh(node, x):
     return jnp.clip(x, node.attrs["min_val"], node.attrs["max_val"])
 
 
-@register("aten::clamp.default")
-def _clamp(node, x):
+def _clamped(node, x, lo, hi, bound):
+    """``x`` in the output dtype, raised to ``lo`` then lowered to ``hi`` (None: no bound);
+    ``bound(b, dtype)`` makes a bound of that dtype (a Python scalar's or a tensor's)."""
     dt = out_dtype(node)
-    lo, hi = node.attrs["min"], node.attrs["max"]
     x = _cast(x, dt)
     if lo is not None:
-        x = jnp.maximum(x, scalar(lo, dt))
+        x = jnp.maximum(x, bound(lo, dt))
     if hi is not None:
-        x = jnp.minimum(x, scalar(hi, dt))
+        x = jnp.minimum(x, bound(hi, dt))
     return x
+
+
+@register("aten::clamp.default")
+def _clamp(node, x):
+    return _clamped(node, x, node.attrs["min"], node.attrs["max"], scalar)
 
 
 @register("aten::clamp.Tensor")
 def _clamp_tensor(node, x, lo, hi):
-    dt = out_dtype(node)
-    x = _cast(x, dt)
-    if lo is not None:
-        x = jnp.maximum(x, _cast(lo, dt))
-    if hi is not None:
-        x = jnp.minimum(x, _cast(hi, dt))
-    return x
+    return _clamped(node, x, lo, hi, _cast)
 
 
 @register("aten::nan_to_num.default")

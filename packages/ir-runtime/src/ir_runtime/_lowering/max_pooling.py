@@ -107,23 +107,35 @@ def _select_max(w, valid, positions):
     return value, index
 
 
+def _check_outs(node, x, n: int, out):
+    """``out`` (the spatial output sizes) against both outputs' shapes: values and indices."""
+    _check_out(node, x, n, out)
+    _check_out(node, x, n, out, 1)
+
+
+def _window_max(node, w, per_dim_valid, per_dim_pos, sizes, n: int):
+    """A max pool's outputs: the max of each window of ``w`` over its valid entries and that
+    entry's index in the input plane. ``per_dim_valid`` and ``per_dim_pos``: one ``(out_d,
+    k_d)`` array per spatial dim, whether each window entry is in the input and where."""
+    valid = _combine([jnp.asarray(v) for v in per_dim_valid], n, jnp.logical_and)
+    value, index = _select_max(w, valid, _flat_positions(per_dim_pos, sizes, n))
+    return value.astype(out_dtype(node)), index.astype(out_dtype(node, 1))
+
+
 # -- max pooling ----------------------------------------------------------------------------------
 
 
 def _max_pool_with_indices(n: int):
     def rule(node, x):
         k, s, p, d, out, sizes = _geometry(node, x, n, dilation=True)
-        _check_out(node, x, n, out)
-        _check_out(node, x, n, out, 1)
+        _check_outs(node, x, n, out)
         w = _strided_windows(x, n, k, s, d, _padding_for(sizes, k, s, p, d, out), out)
         per_dim_pos, per_dim_valid = [], []
         for size, kd, sd, pd, dd, od in zip(sizes, k, s, p, d, out, strict=True):
             pos = np.arange(od)[:, None] * sd - pd + np.arange(kd)[None, :] * dd
             per_dim_pos.append(pos)
             per_dim_valid.append((pos >= 0) & (pos < size))
-        valid = _combine([jnp.asarray(v) for v in per_dim_valid], n, jnp.logical_and)
-        value, index = _select_max(w, valid, _flat_positions(per_dim_pos, sizes, n))
-        return value.astype(out_dtype(node)), index.astype(out_dtype(node, 1))
+        return _window_max(node, w, per_dim_valid, per_dim_pos, sizes, n)
 
     return rule
 
@@ -183,8 +195,7 @@ for _n, _ops in (
 def _adaptive_max(n: int):
     def rule(node, x):
         sizes, out = _adaptive_out(node, x, n, _ints(node, "output_size", n))
-        _check_out(node, x, n, out)
-        _check_out(node, x, n, out, 1)
+        _check_outs(node, x, n, out)
         per_dim_pos, per_dim_valid = [], []
         for size, od in zip(sizes, out, strict=True):
             start, end = _adaptive_windows(size, od)
@@ -193,10 +204,9 @@ def _adaptive_max(n: int):
             valid = pos < end[:, None]
             per_dim_pos.append(np.where(valid, pos, start[:, None]))
             per_dim_valid.append(valid)
-        w = _gather_windows(x, n, per_dim_pos)
-        valid = _combine([jnp.asarray(v) for v in per_dim_valid], n, jnp.logical_and)
-        value, index = _select_max(w, valid, _flat_positions(per_dim_pos, sizes, n))
-        return value.astype(out_dtype(node)), index.astype(out_dtype(node, 1))
+        return _window_max(
+            node, _gather_windows(x, n, per_dim_pos), per_dim_valid, per_dim_pos, sizes, n
+        )
 
     return rule
 
@@ -232,8 +242,7 @@ def _fractional_max(n: int):
         sizes = _spatial(node, x, n)
         k = _ints(node, "kernel_size", n)
         out = _ints(node, "output_size", n)
-        _check_out(node, x, n, out)
-        _check_out(node, x, n, out, 1)
+        _check_outs(node, x, n, out)
         for size, kd, od in zip(sizes, k, out, strict=True):
             if kd <= 0 or od <= 0 or od + kd - 1 > size:
                 raise ValueError(

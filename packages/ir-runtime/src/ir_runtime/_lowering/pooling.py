@@ -80,6 +80,13 @@ def _spatial(node, x, n: int):
     return tuple(x.shape[-n:])
 
 
+def _vjp_rule(node, forward, grad, x):
+    """A backward op's result: the gradient of ``forward`` (the forward rule on ``x``, in
+    ``grad``'s dtype) at ``x`` for the cotangent ``grad``, in the node's dtype."""
+    _, vjp = jax.vjp(lambda v: forward(v).astype(grad.dtype), x)
+    return vjp(grad)[0].astype(out_dtype(node))
+
+
 # -- window geometry -----------------------------------------------------------------------------
 
 
@@ -196,16 +203,9 @@ def _avg_pool_backward(n: int):
                 f"{_op(node)}: grad_output {tuple(grad.shape)} does not match the "
                 f"pooled input {tuple(x.shape)}"
             )
-        _, vjp = jax.vjp(lambda v: _avg_pool(node, v, n, False).astype(grad.dtype), x)
-        return vjp(grad)[0].astype(out_dtype(node))
+        return _vjp_rule(node, lambda v: _avg_pool(node, v, n, False), grad, x)
 
     return rule
-
-
-register("aten::avg_pool2d.default")(_avg_pool_rule(2))
-register("aten::avg_pool3d.default")(_avg_pool_rule(3))
-register("aten::avg_pool2d_backward.default")(_avg_pool_backward(2))
-register("aten::avg_pool3d_backward.default")(_avg_pool_backward(3))
 
 
 # -- adaptive pooling -----------------------------------------------------------------------------
@@ -268,13 +268,17 @@ def _adaptive_avg_backward(n: int):
 
     def rule(node, grad, x):
         out = grad.shape[-n:]
-        _, vjp = jax.vjp(lambda v: _adaptive_avg(node, v, n, out).astype(grad.dtype), x)
-        return vjp(grad)[0].astype(out_dtype(node))
+        return _vjp_rule(node, lambda v: _adaptive_avg(node, v, n, out), grad, x)
 
     return rule
 
 
-register("aten::_adaptive_avg_pool2d.default")(_adaptive_avg_rule(2))
-register("aten::_adaptive_avg_pool3d.default")(_adaptive_avg_rule(3))
-register("aten::_adaptive_avg_pool2d_backward.default")(_adaptive_avg_backward(2))
-register("aten::_adaptive_avg_pool3d_backward.default")(_adaptive_avg_backward(3))
+# Each op in 2-d and 3-d: aten::avg_pool2d.default, aten::avg_pool3d.default, ...
+for _op_name, _make in (
+    ("avg_pool{}d", _avg_pool_rule),
+    ("avg_pool{}d_backward", _avg_pool_backward),
+    ("_adaptive_avg_pool{}d", _adaptive_avg_rule),
+    ("_adaptive_avg_pool{}d_backward", _adaptive_avg_backward),
+):
+    for _n in (2, 3):
+        register(f"aten::{_op_name.format(_n)}.default")(_make(_n))

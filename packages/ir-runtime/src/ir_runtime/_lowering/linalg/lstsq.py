@@ -34,40 +34,43 @@ def _laic1(job: int, x, sest, w, gamma, eps):
     def safe(d):
         return jnp.where(d == 0, one, d)
 
-    # Each branch in order; the first whose condition holds is LAPACK's.
-    branches = []
+    # LAPACK's cases, tested in the same order by both jobs: the first that holds picks its
+    # values, ``normal`` where none does.
+    cases = (
+        sest == 0,
+        absgam <= eps * absest,
+        absalp <= eps * absest,
+        (absest <= eps * absalp) | (absest <= eps * absgam),
+    )
+    # What both jobs' third and fourth cases read.
+    le_est, le_alp = absgam <= absest, absgam <= absalp
+    tmp_a = absgam / safe(absalp)
+    root_a = jnp.sqrt(1 + tmp_a * tmp_a)
+    tmp_b = absalp / safe(absgam)
+    root_b = jnp.sqrt(1 + tmp_b * tmp_b)
     if job == 1:
         s1 = jnp.maximum(absgam, absalp)
         s_ = alpha / safe(s1)
         c_ = gamma / safe(s1)
         tmp = jnp.sqrt(s_ * s_ + c_ * c_)
-        zero_case = (
+        zero_est = (
             jnp.where(s1 == 0, 0.0, s1 * tmp),
             jnp.where(s1 == 0, 0.0, s_ / safe(tmp)),
             jnp.where(s1 == 0, 1.0, c_ / safe(tmp)),
         )
-        branches.append((sest == 0, zero_case))
         tmp = jnp.maximum(absest, absalp)
         t1, t2 = absest / safe(tmp), absalp / safe(tmp)
-        branches.append((absgam <= eps * absest, (tmp * jnp.sqrt(t1 * t1 + t2 * t2), one, 0 * one)))
-        le = absgam <= absest
-        branches.append(
-            (
-                absalp <= eps * absest,
-                (jnp.where(le, absest, absgam), jnp.where(le, 1.0, 0.0), jnp.where(le, 0.0, 1.0)),
-            )
+        small_gam = (tmp * jnp.sqrt(t1 * t1 + t2 * t2), one, 0 * one)
+        small_alp = (
+            jnp.where(le_est, absest, absgam),
+            jnp.where(le_est, 1.0, 0.0),
+            jnp.where(le_est, 0.0, 1.0),
         )
-        le = absgam <= absalp
-        tmp_a = absgam / safe(absalp)
-        sa = jnp.sqrt(1 + tmp_a * tmp_a)
-        tmp_b = absalp / safe(absgam)
-        cb = jnp.sqrt(1 + tmp_b * tmp_b)
-        tiny = (
-            jnp.where(le, absalp * sa, absgam * cb),
-            jnp.where(le, jnp.sign(alpha) / sa, (alpha / safe(absgam)) / cb),
-            jnp.where(le, (gamma / safe(absalp)) / sa, jnp.sign(gamma) / cb),
+        small_est = (
+            jnp.where(le_alp, absalp * root_a, absgam * root_b),
+            jnp.where(le_alp, jnp.sign(alpha) / root_a, (alpha / safe(absgam)) / root_b),
+            jnp.where(le_alp, (gamma / safe(absalp)) / root_a, jnp.sign(gamma) / root_b),
         )
-        branches.append(((absest <= eps * absalp) | (absest <= eps * absgam), tiny))
         z1, z2 = alpha / safe(absest), gamma / safe(absest)
         b = (1 - z1 * z1 - z2 * z2) * 0.5
         c = z1 * z1
@@ -82,26 +85,18 @@ def _laic1(job: int, x, sest, w, gamma, eps):
         s1 = jnp.maximum(jnp.abs(sine), jnp.abs(cosine))
         s_, c_ = sine / s1, cosine / s1
         tmp = jnp.sqrt(s_ * s_ + c_ * c_)
-        branches.append((sest == 0, (0 * one, s_ / tmp, c_ / tmp)))
-        branches.append((absgam <= eps * absest, (absgam, 0 * one, one)))
-        le = absgam <= absest
-        branches.append(
-            (
-                absalp <= eps * absest,
-                (jnp.where(le, absgam, absest), jnp.where(le, 0.0, 1.0), jnp.where(le, 1.0, 0.0)),
-            )
+        zero_est = (0 * one, s_ / tmp, c_ / tmp)
+        small_gam = (absgam, 0 * one, one)
+        small_alp = (
+            jnp.where(le_est, absgam, absest),
+            jnp.where(le_est, 0.0, 1.0),
+            jnp.where(le_est, 1.0, 0.0),
         )
-        le = absgam <= absalp
-        tmp_a = absgam / safe(absalp)
-        ca = jnp.sqrt(1 + tmp_a * tmp_a)
-        tmp_b = absalp / safe(absgam)
-        sb = jnp.sqrt(1 + tmp_b * tmp_b)
-        tiny = (
-            jnp.where(le, absest * (tmp_a / ca), absest / sb),
-            jnp.where(le, -(gamma / safe(absalp)) / ca, -jnp.sign(gamma) / sb),
-            jnp.where(le, jnp.sign(alpha) / ca, (alpha / safe(absgam)) / sb),
+        small_est = (
+            jnp.where(le_alp, absest * (tmp_a / root_a), absest / root_b),
+            jnp.where(le_alp, -(gamma / safe(absalp)) / root_a, -jnp.sign(gamma) / root_b),
+            jnp.where(le_alp, jnp.sign(alpha) / root_a, (alpha / safe(absgam)) / root_b),
         )
-        branches.append(((absest <= eps * absalp) | (absest <= eps * absgam), tiny))
         z1, z2 = alpha / safe(absest), gamma / safe(absest)
         norma = jnp.maximum(1 + z1 * z1 + jnp.abs(z1 * z2), jnp.abs(z1 * z2) + z2 * z2)
         test = 1 + 2 * (z1 - z2) * (z1 + z2)
@@ -123,7 +118,8 @@ def _laic1(job: int, x, sest, w, gamma, eps):
         tmp = jnp.sqrt(sine * sine + cosine * cosine)
         normal = (jnp.where(close, est0, est1), sine / safe(tmp), cosine / safe(tmp))
     out = normal
-    for cond, vals in reversed(branches):
+    picks = (zero_est, small_gam, small_alp, small_est)
+    for cond, vals in reversed(tuple(zip(cases, picks, strict=True))):
         out = tuple(jnp.where(cond, v, o) for v, o in zip(vals, out, strict=True))
     return tuple(o.astype(sest.dtype) for o in out)
 

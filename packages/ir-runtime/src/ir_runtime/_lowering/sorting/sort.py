@@ -202,17 +202,34 @@ def _all_nan_index(n: int) -> int:
     return a[0]
 
 
+def _along_dim(what: str):
+    """The rule of a reduction along ``dim`` returning (values, indices), median's and mode's:
+    a real input; a 0-d one is its own result (index 0); a dim of size 0 has no ``what``.
+    Otherwise ``rule(node, x, axis, n, idt, keepdim)``, ``n`` the size of dim ``axis`` and
+    ``idt`` the index dtype."""
+
+    def wrap(rule):
+        @functools.wraps(rule)  # the rule's name, for the registry's messages
+        def checked(node, x):
+            _check_real(what, x)
+            idt = out_dtype(node, 1)
+            keepdim = node.attrs["keepdim"]
+            if x.ndim == 0:
+                return x, jnp.zeros((), idt)
+            axis = norm_dim(node.attrs["dim"], x.ndim)
+            n = x.shape[axis]
+            if n == 0:
+                raise ValueError(f"{what}: a dim of size 0 has no {what}")
+            return rule(node, x, axis, n, idt, keepdim)
+
+        return checked
+
+    return wrap
+
+
 def _median_dim(ignore_nan: bool):
-    def rule(node, x):
-        _check_real("median", x)
-        idt = out_dtype(node, 1)
-        keepdim = node.attrs["keepdim"]
-        if x.ndim == 0:
-            return x, jnp.zeros((), idt)
-        axis = norm_dim(node.attrs["dim"], x.ndim)
-        n = x.shape[axis]
-        if n == 0:
-            raise ValueError("median: a dim of size 0 has no median")
+    @_along_dim("median")
+    def rule(node, x, axis, n, idt, keepdim):
         # torch orders (value, index) pairs totally: the index is the stable order's.
         _, idx, _ = _stable(_key(x), x, axis=axis)
         nans = (
@@ -276,31 +293,28 @@ register("aten::nanmedian.default")(_median_all(True))
 # mode
 
 
-def _mode_pick(sv, sp):
-    """torch's scan of the sorted (value, index) pairs: the first run of the greatest length;
-    its value and the index of its last element."""
+def _run_lengths(sv):
+    """Along each row of sorted values: at the last element of each run of equal values, the
+    run's length; 0 elsewhere."""
     n = sv.shape[1]
     end = jnp.concatenate([sv[:, :-1] != sv[:, 1:], jnp.ones_like(sv[:, :1], bool)], axis=1)
     pos = jnp.arange(n, dtype=_I32)
     last = lax.cummax(jnp.where(end, pos, -1), axis=1)
     prev = jnp.concatenate([jnp.full_like(last[:, :1], -1), last[:, :-1]], axis=1)
-    freq = jnp.where(end, pos - prev, 0)
-    w = jnp.argmax(freq, axis=1)
+    return jnp.where(end, pos - prev, 0)
+
+
+def _mode_pick(sv, sp):
+    """torch's scan of the sorted (value, index) pairs: the first run of the greatest length;
+    its value and the index of its last element."""
+    w = jnp.argmax(_run_lengths(sv), axis=1)
     r = jnp.arange(sv.shape[0])
     return sv[r, w], sp[r, w]
 
 
 @register("aten::mode.default")
-def _mode(node, x):
-    _check_real("mode", x)
-    idt = out_dtype(node, 1)
-    keepdim = node.attrs["keepdim"]
-    if x.ndim == 0:
-        return x, jnp.zeros((), idt)
-    axis = norm_dim(node.attrs["dim"], x.ndim)
-    n = x.shape[axis]
-    if n == 0:
-        raise ValueError("mode: a dim of size 0 has no mode")
+@_along_dim("mode")
+def _mode(node, x, axis, n, idt, keepdim):
     raw = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
     rows, shape = _to_rows(raw, axis)
     if rows.shape[0] == 0:
@@ -328,9 +342,4 @@ def _mode(node, x):
 
 def _run_max(sv):
     """The length of each row's longest run of equal sorted values."""
-    n = sv.shape[1]
-    end = jnp.concatenate([sv[:, :-1] != sv[:, 1:], jnp.ones_like(sv[:, :1], bool)], axis=1)
-    pos = jnp.arange(n, dtype=_I32)
-    last = lax.cummax(jnp.where(end, pos, -1), axis=1)
-    prev = jnp.concatenate([jnp.full_like(last[:, :1], -1), last[:, :-1]], axis=1)
-    return jnp.max(jnp.where(end, pos - prev, 0), axis=1)
+    return jnp.max(_run_lengths(sv), axis=1)

@@ -224,13 +224,6 @@ def _igamma_pair(a, x, upper: bool):
         )
         out = jnp.where(use_igam, 1 - _igam_series(sa, sx, rest & use_igam, c), out)
         out = jnp.where(asym, _igam_asymptotic(sa, sx, True, c), out)
-        edges = (
-            (invalid, nan),
-            (a_zero, jnp.where(x > 0, zero, nan)),
-            (x_zero, one),
-            (a_inf, jnp.where(x_inf, nan, one)),
-            (x_inf, zero),
-        )
     else:
         # x > 1 and x > a: 1 - igammac (there: the continued fraction above 1.1, else the
         # igamc series); otherwise the igam series.
@@ -243,13 +236,16 @@ def _igamma_pair(a, x, upper: bool):
         )
         out = jnp.where(via_upper, 1 - upper_value, _igam_series(sa, sx, rest & ~via_upper, c))
         out = jnp.where(asym, _igam_asymptotic(sa, sx, False, c), out)
-        edges = (
-            (invalid, nan),
-            (a_zero, jnp.where(x > 0, one, nan)),
-            (x_zero, zero),
-            (a_inf, jnp.where(x_inf, nan, zero)),
-            (x_inf, one),
-        )
+    # At an edge P (igamma) is 1 or 0 and Q = 1 - P (igammac) the other: the result where P is
+    # 1, and where P is 0.
+    p_one, p_zero = (zero, one) if upper else (one, zero)
+    edges = (
+        (invalid, nan),
+        (a_zero, jnp.where(x > 0, p_one, nan)),
+        (x_zero, p_zero),
+        (a_inf, jnp.where(x_inf, nan, p_zero)),
+        (x_inf, p_one),
+    )
     for cond, value in reversed(edges):
         out = jnp.where(cond, value, out)
     return out

@@ -109,57 +109,50 @@ def _chebyshev(kind: str, shifted: bool):
     return fn
 
 
-def _hermite_h(x, n_t):
-    dt = x.dtype
-    n = _degree(n_t)
-    limit = 128 if dt == np.float32 else 512
-    two_x = x + x
-    needs = n >= 2
-    rec = _recur(
-        x, n, jnp.ones_like(x), two_x, 1, -1, lambda m, p, q: two_x * q - (m + m) * p, needs
-    )
-    return _select(
-        rec,
-        (n < 0, jnp.zeros((), dt)),
-        (n == 0, jnp.ones((), dt)),
-        (n == 1, two_x),
-        (n > limit, jnp.asarray(np.nan, dt)),
-    )
+def _from_degree_one(x, n, q1, step, needs, *cases):
+    """Hermite's, Laguerre's and Legendre's shape: P_0 = 1, P_1 = ``q1``, then
+    ``P_{k+1} = step(k, P_{k-1}, P_k)`` up to n where ``needs``; after torch's tests: 0 for a
+    negative n, then ``cases`` (condition, value) in order."""
+    rec = _recur(x, n, jnp.ones_like(x), q1, 1, -1, step, needs)
+    return _select(rec, (n < 0, jnp.zeros((), x.dtype)), *cases)
 
 
-def _hermite_he(x, n_t):
-    dt = x.dtype
-    n = _degree(n_t)
-    limit = 128 if dt == np.float32 else 512
-    needs = n >= 2
-    rec = _recur(x, n, jnp.ones_like(x), x, 1, -1, lambda k, p, q: x * q - k * p, needs)
-    return _select(
-        rec,
-        (n < 0, jnp.zeros((), dt)),
-        (n == 0, jnp.ones((), dt)),
-        (n == 1, x),
-        (n > limit, jnp.asarray(np.nan, dt)),
-    )
+def _hermite(physicists: bool):
+    """H (``physicists``: H_{k+1} = 2x H_k - 2k H_{k-1}) or He (He_{k+1} = x He_k - k He_{k-1});
+    NaN above degree 128 (float32) or 512, as torch."""
+
+    def fn(x, n_t):
+        dt = x.dtype
+        n = _degree(n_t)
+        limit = 128 if dt == np.float32 else 512
+        q1 = x + x if physicists else x
+
+        def step(k, p, q):
+            return q1 * q - ((k + k) if physicists else k) * p
+
+        return _from_degree_one(
+            x,
+            n,
+            q1,
+            step,
+            n >= 2,
+            (n == 0, jnp.ones((), dt)),
+            (n == 1, q1),
+            (n > limit, jnp.asarray(np.nan, dt)),
+        )
+
+    return fn
 
 
 def _laguerre_l(x, n_t):
-    dt = x.dtype
     n = _degree(n_t)
-    one = jnp.ones((), dt)
-    needs = (n >= 2) & (jnp.abs(x) != 0)
-    rec = _recur(
+    one = jnp.ones((), x.dtype)
+    return _from_degree_one(
         x,
         n,
-        jnp.ones_like(x),
         1.0 - x,
-        1,
-        -1,
         lambda k, p, q: _div(((k + k) + (1.0 - x)) * q - k * p, k + 1),
-        needs,
-    )
-    return _select(
-        rec,
-        (n < 0, jnp.zeros((), dt)),
+        (n >= 2) & (jnp.abs(x) != 0),
         (jnp.abs(x) == 0, one),
         (n == 0, one),
         (n == 1, 1.0 - x),
@@ -167,24 +160,15 @@ def _laguerre_l(x, n_t):
 
 
 def _legendre_p(x, n_t):
-    dt = x.dtype
     n = _degree(n_t)
-    one = jnp.ones((), dt)
-    needs = (n >= 2) & (jnp.abs(x) != 1.0)
-    rec = _recur(
+    one = jnp.ones((), x.dtype)
+    at_one = jnp.where((x > 0) | (n % 2 == 0), one, -one)
+    return _from_degree_one(
         x,
         n,
-        jnp.ones_like(x),
         x,
-        1,
-        -1,
         lambda k, p, q: _div((k + k + 1) * x * q - k * p, k + 1),
-        needs,
-    )
-    at_one = jnp.where((x > 0) | (n % 2 == 0), one, -one)
-    return _select(
-        rec,
-        (n < 0, jnp.zeros((), dt)),
+        (n >= 2) & (jnp.abs(x) != 1.0),
         (jnp.abs(x) == 1.0, at_one),
         (n == 0, one),
         (n == 1, x),
@@ -217,8 +201,8 @@ _POLYNOMIALS = {
     "special_shifted_chebyshev_polynomial_u": _chebyshev("u", True),
     "special_shifted_chebyshev_polynomial_v": _chebyshev("v", True),
     "special_shifted_chebyshev_polynomial_w": _chebyshev("w", True),
-    "special_hermite_polynomial_h": _hermite_h,
-    "special_hermite_polynomial_he": _hermite_he,
+    "special_hermite_polynomial_h": _hermite(True),
+    "special_hermite_polynomial_he": _hermite(False),
     "special_laguerre_polynomial_l": _laguerre_l,
     "special_legendre_polynomial_p": _legendre_p,
 }
