@@ -1,5 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Traversal of IR graphs and the graph hash: iterative, linear, no recursion limit."""
+"""Traversal of IR graphs and the graph hash: iterative, linear, no recursion limit.
+
+Longer than 400 lines, as one extension module: post-order, the graph hash and fingerprint,
+pickling and relink share one iterative walker and one hashing stream, C to C.
+"""
 
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
