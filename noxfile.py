@@ -16,6 +16,8 @@ RUNTIME = "packages/ir-runtime"
 # The CPU wheel of torch on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+# Real models for the integration suite, built from small configs (no weights downloaded).
+TRANSFORMERS = "transformers>=4.57,<4.58"
 
 
 def _pytest(session, package, *args):
@@ -44,7 +46,9 @@ def runtime(session):
 
 @nox.session
 def integration(session):
-    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}", TORCH, "packaging", *TEST_DEPS)
+    session.install(
+        f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}", TORCH, "packaging", TRANSFORMERS, *TEST_DEPS
+    )
     session.run("pytest", "integration_tests", *session.posargs)
 
 

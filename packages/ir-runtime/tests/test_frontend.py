@@ -636,3 +636,58 @@ def test_a_lazy_tensor_keeps_its_value_when_its_host_source_is_written(dtype):
     want = torch.arange(4).to(dtype)
     assert torch.equal(irt.to_torch(x), want)
     assert torch.equal(irt.to_torch(y), want)
+
+
+def test_a_host_read_runs_the_pending_tensors_that_share_its_graph_once():
+    """Reading a tensor computes it with every live pending tensor whose graph shares a node
+    with it, so nothing later runs that history again; unrelated pending work stays pending."""
+    x, y = irt.to_lazy(torch.arange(4.0)), irt.to_lazy(torch.ones(4))
+    a = x * 2.0
+    b = a + 1.0
+    c = a * 3.0  # shares a with b
+    d = y + 5.0  # shares nothing with b
+    irt.reset_metrics()
+    assert b.sum().item() == 16.0
+    counters = irt.metrics()["counters"]
+    assert (counters["HostRead"], counters["ExecuteCount"]) == (1, 1)
+    assert counters["HostReadTensors"] == 4  # the sum, a, b and c
+    assert all(inspect.data_of(t) is not None for t in (a, b, c))
+    assert inspect.data_of(d) is None
+    assert torch.equal(irt.to_torch(c), torch.arange(4.0) * 6)  # no program: it is data
+    assert irt.metrics()["counters"]["ExecuteCount"] == 1
+    irt.mark_step()  # only d is left
+    assert irt.metrics()["timers"]["GraphNodes"]["last"] <= 3
+    assert torch.equal(irt.to_torch(d), torch.full((4,), 6.0))
+
+
+def test_a_decoding_loop_runs_one_tokens_program_per_read():
+    """The shape of generation: a state carried from step to step, a flag read every step.
+    Each read's program holds that step only, so its size does not grow with the steps."""
+    state = irt.to_lazy(torch.zeros(3))
+    irt.mark_step()
+    irt.reset_metrics()
+    sizes = []
+    for _ in range(6):
+        state = torch.tanh(state + 1.0) * 0.5
+        done = (state > 10.0).all()
+        sizes.append(len(irt.dump(done).splitlines()))  # the graph the read will run
+        assert not bool(done)
+    assert len(set(sizes)) == 1, sizes
+    counters = irt.metrics()["counters"]
+    assert (counters["CompileCount"], counters["CacheHit"]) == (1, 5)  # one program, reused
+    assert counters["HostReadTensors"] == 12  # each read: the flag and the new state
+
+
+def test_autocast_can_be_turned_off_on_the_lazy_device():
+    """Hugging Face models turn autocast off around their rotary embeddings with
+    torch.autocast(device_type=x.device.type, enabled=False); on the lazy device that is a
+    region like any other. Turning it on is refused, by name."""
+    x = irt.to_lazy(torch.arange(3.0))
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        y = x * 2.0
+    assert torch.equal(irt.to_torch(y), torch.arange(3.0) * 2)
+    with pytest.raises(irt.UnsupportedOpError, match=r"autocast\(device_type='lazy'\)"):
+        with torch.autocast(device_type="lazy", dtype=torch.bfloat16):
+            pass
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # CPU autocast is torch's own
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16

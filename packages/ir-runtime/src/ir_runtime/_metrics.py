@@ -21,6 +21,8 @@ COUNTERS = (
     "TransferToHost",
     "Reshard",  # device arrays moved to a parameter's sharding
     "DonatedBuffers",
+    "HostRead",  # reads to the host (.item(), .cpu(), print) that ran a program
+    "HostReadTensors",  # tensors those programs computed: the read one and those sharing its graph
 )
 TIMERS = (
     "LowerTime",

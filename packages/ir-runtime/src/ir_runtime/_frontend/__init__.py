@@ -3,7 +3,8 @@
 Importing it installs it into torch, once (``install``): the Lazy dispatch key's kernels
 (``torch.zeros(3, device="lazy")``), ``lazy`` among the devices torch's optimizers accept for
 ``capturable=True``, ``torch.manual_seed`` counted (a reseed restarts the lazy random stream),
-and ``torch._lazy.mark_step`` / ``wait_device_ops`` running this package's. ``import
+``torch._lazy.mark_step`` / ``wait_device_ops`` running this package's, and ``torch.autocast``
+accepting ``device_type="lazy"`` to turn autocast off (``_autocast``). ``import
 ir_runtime`` alone does none of it: the first use of a front-end name does.
 
 Modules, lowest first (each imports only those above it):
@@ -16,6 +17,7 @@ to_torch) -> ``_api`` -> the handlers (``_handlers``, ``_samplers``, ``_dynamic`
 
 from ir_runtime._dtypes import enable_x64
 from ir_runtime._frontend import (
+    _autocast,
     _dynamic,  # noqa: F401  (ops with data-dependent shapes)
     _factories,
     _handlers,  # noqa: F401  (copies, host reads, aliases, batch norm, dropout)
@@ -47,6 +49,7 @@ def install() -> None:
     if _INSTALLED[0]:
         return
     enable_x64()
+    _autocast.install()
     _factories.install()
     _optim.install()
     _rng.install()

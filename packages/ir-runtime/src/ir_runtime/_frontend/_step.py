@@ -7,7 +7,7 @@ import time
 import torch
 import torch._lazy
 
-from ir_core import DeviceData
+from ir_core import DeviceData, post_order
 from ir_runtime import _metrics
 from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import fetch
@@ -80,10 +80,30 @@ def mark_step() -> None:
 
 
 def materialize(t: LazyTensor) -> DeviceData:
-    """``t``'s data, running its pending graph (only its own) if it has one."""
+    """``t``'s data. If it is pending, its graph runs together with every live pending tensor
+    whose graph shares a node with it: those values are computed by the same program at little
+    cost, and no later read or step runs that history again (a decoding loop that reads a
+    stopping flag per token runs one token's program per read, not everything so far)."""
     if pending(t):
-        run([t])
+        tensors = _sharing(t)
+        _metrics.count("HostRead")
+        _metrics.count("HostReadTensors", len(tensors))
+        run(tensors)
     return t._ir.node
+
+
+def _sharing(t: LazyTensor) -> list:
+    """``t`` and the live pending tensors whose graphs share a node with ``t``'s, oldest first
+    (as mark_step orders them)."""
+    busy = [u for u in live() if pending(u)]
+    if len(busy) == 1:
+        return busy
+    mine = {id(n) for n in post_order([t._ir])}
+    touches: dict = {}
+    for n in post_order([u._ir for u in busy]):
+        nid = id(n)
+        touches[nid] = nid in mine or any(touches[id(v.node)] for v in n.operands)
+    return [u for u in busy if touches[id(u._ir.node)]]
 
 
 def to_torch(t) -> torch.Tensor:
