@@ -2,6 +2,7 @@
 
 import copy
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -640,3 +641,60 @@ def test_a_replay_reads_a_host_argument_as_it_was_at_the_call(dtype):
     assert scale.replaying
     for i, out in enumerate(outs):
         assert torch.equal(irt.to_torch(out), torch.full((4,), 2.0 * i, dtype=dtype))
+
+
+def test_a_step_that_builds_a_loss_module_per_call_replays():
+    """Hugging Face's BERT and T5 build ``CrossEntropyLoss()`` inside ``forward``: a module the
+    call creates and drops, owning nothing, is not a guard, so the step replays."""
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(4, 3)
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    opts = {m: torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, lazy)}
+
+    def train(model, x, y):
+        loss = torch.nn.CrossEntropyLoss()(model(x), y)  # a new module every call
+        loss.backward()
+        opts[model].step()
+        opts[model].zero_grad()
+        return loss.detach()
+
+    step = irt.compile_step(train)
+    before = dict(counters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", irt.CaptureWarning)
+        for k in range(6):
+            x, y = torch.randn(5, 4), torch.tensor([0, 2, 1, 1, k % 3])
+            want = train(eager, x, y)
+            got = step(lazy, irt.to_lazy(x), irt.to_lazy(y))
+            close(got, want)
+    after = counters()
+    assert step.replaying and step.last_guard_failure is None
+    assert after.get("StepReplay", 0) - before.get("StepReplay", 0) == 4
+    assert after.get("StepGuardFailed", 0) == before.get("StepGuardFailed", 0)
+    close(lazy.weight, eager.weight.detach())
+
+
+def test_a_guard_failing_call_after_call_is_named_and_replaying_says_so():
+    """A value the guards compare that changes on every call (here a counter kept in the
+    optimizer's param group, which the program never reads) fails a guard on every replay: the
+    step says so once, in a CaptureWarning naming the guard, and ``replaying`` reads False."""
+    w = irt.to_lazy(torch.ones(3)).requires_grad_()
+    opt = torch.optim.SGD([w], lr=0.5)
+
+    @irt.compile_step
+    def train(x):
+        (w * x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    with pytest.warns(irt.CaptureWarning, match=r"a guard fails call after call .*calls changed"):
+        for k in range(8):
+            opt.param_groups[0]["calls"] = k
+            train(irt.to_lazy(torch.ones(3)))
+    assert not train.replaying
+    assert train.last_guard_failure.startswith("optimizer SGD's calls changed")
+    close(w, torch.full((3,), 1.0 - 8 * 0.5))
+    opt.param_groups[0]["calls"] = "done"  # steady again: replays again
+    for _ in range(3):
+        train(irt.to_lazy(torch.ones(3)))
+    assert train.replaying

@@ -13,16 +13,17 @@ What a replay checks before it runs (and traces again when any differs): the arg
 arguments' shapes, dtypes and structure, Python arguments by value, grad mode) picks the plan
 of one traced call; then that plan's guard table (``_Plan.guards``; the guard kinds are in
 ``_guards``), top to bottom: every optimizer the step stepped (hyperparameters, state table,
-parameter lists), every module it called (its ``training`` flag, which parameters, buffers and
-submodules it has, which parameters require grad), whether each tensor it gave a new ``.grad``
-had one as the call began, that the gradients the program reads are still their tensors'
-``.grad``, whether the tensors the program reads still require grad, and the values of host
-tensors the program read (or of their view's base); last, as its inputs are read, that every
-tensor it reads still exists and holds data of the shape traced. The first check that fails
-says why in ``CompiledStep.last_guard_failure``. A step ending in ``zero_grad()`` also checks
-that the ``.grad`` it left None is still None. Anything else the function reads from Python
-(a global, a closure) is frozen at capture, as in ``jax.jit``: pass it as an argument. Its
-Python side effects happen on traced calls only.
+parameter lists), every module it called that outlives the call (its ``training`` flag, which
+parameters, buffers and submodules it has, which parameters require grad), whether each tensor
+it gave a new ``.grad`` had one as the call began, that the gradients the program reads are
+still their tensors' ``.grad``, whether the tensors the program reads still require grad, and
+the values of host tensors the program read (or of their view's base); last, as its inputs are
+read, that every tensor it reads still exists and holds data of the shape traced. The first
+check that fails says why in ``CompiledStep.last_guard_failure``. A guard failing call after
+call is named in a ``CaptureWarning`` (and ``replaying`` reads False). A step ending in
+``zero_grad()`` also checks that the ``.grad`` it left None is still None. Anything else the
+function reads from Python (a global, a closure) is frozen at capture, as in ``jax.jit``: pass
+it as an argument. Its Python side effects happen on traced calls only.
 
 A step is never replayed (it stays traced every call, with a ``CaptureWarning`` saying why) when
 its recording shows Python work a replay could not reproduce: it reads values to the host,
@@ -64,8 +65,9 @@ _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
 class CompiledStep:
     """A step function traced on its first calls, then replayed (see ``compile_step``).
 
-    ``replaying``: whether some argument signature is being replayed. ``reason``: why the last
-    traced call could not be replayed (None when it could). ``last_guard_failure``: why the
+    ``replaying``: whether the last call's argument signature is replayed (False while its
+    guards keep failing). ``reason``: why the last traced call could not be replayed (None when
+    it could). ``last_guard_failure``: why the
     most recent replay was refused and the call traced instead, as the first guard of its
     plan's table that failed says it in a line (``"optimizer SGD's lr changed from 0.1 to
     0.05"``, ``"module Linear(...) switched to eval()"``); None until a guard fails. Each such
@@ -79,12 +81,16 @@ class CompiledStep:
         self._warned: set = set()
         self.reason: str | None = None  # why the last traced call could not be replayed
         self.last_guard_failure: str | None = None  # why the last replay was refused
+        self._failures: dict = {}  # argument key -> guard failures since its last replay
+        self._key = None  # the last call's argument key
         functools.update_wrapper(self, fn)
 
     @property
     def replaying(self) -> bool:
-        """Whether some argument signature is being replayed."""
-        return bool(self._replay)
+        """Whether the last call's argument signature is replayed: it has a plan, and its
+        guards have not failed twice since it last replayed."""
+        key = self._key
+        return key in self._replay and self._failures.get(key, 0) < 2
 
     def __call__(self, *args, **kwargs):
         if kwargs or any(isinstance(a, (tuple, list, dict)) for a in args):
@@ -94,6 +100,7 @@ class CompiledStep:
             leaves = list(args)
             structure = _flat(len(args))
         key = (structure, torch.is_grad_enabled(), *map(_leaf_key, range(len(leaves)), leaves))
+        self._key = key
         plan = self._replay.get(key)
         if plan is not None:
             nodes = []
@@ -107,11 +114,20 @@ class CompiledStep:
                 nodes.append(node)
             out = plan.replay(leaves, nodes)
             if type(out) is not _Miss:
+                self._failures[key] = 0
                 return out
             self.last_guard_failure = out.why
             del self._replay[key]
             self._last.pop(key, None)  # what changed is not a reason to refuse: start afresh
             _metrics.count("StepGuardFailed")
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            if failures == 2:  # again, right after a trace re-enabled the replay
+                self._warn(
+                    f"a guard fails call after call (the last: {out.why}); make that "
+                    f"value the same on every call, or pass it as an argument",
+                    once="guard",
+                    stacklevel=3,
+                )
         return self._trace(key, leaves, structure)
 
     def _trace(self, key, leaves: list, structure):
@@ -127,6 +143,7 @@ class CompiledStep:
             stale = next(iter(self._last))
             del self._last[stale]
             self._replay.pop(stale, None)
+            self._failures.pop(stale, None)
             self._warn(
                 f"it was called with more than {_SIGNATURES} argument signatures (shapes, "
                 f"dtypes, Python values; the oldest are dropped): Python numbers among the "
@@ -152,17 +169,19 @@ class CompiledStep:
             self.reason = plan.reasons[0]
             self._warn(self.reason)
 
-    def _warn(self, reason: str) -> None:
-        """A ``CaptureWarning``, once per reason, pointing at the caller's line."""
-        if reason in self._warned:
+    def _warn(self, reason: str, once: str | None = None, stacklevel: int = 5) -> None:
+        """A ``CaptureWarning``, once per reason (or per ``once``), pointing at the caller's
+        line."""
+        tag = reason if once is None else once
+        if tag in self._warned:
             return
-        self._warned.add(reason)
+        self._warned.add(tag)
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         warnings.warn(
             f"compiled step {name} is traced on every call, as mark_step would run it, "
             f"because {reason}",
             CaptureWarning,
-            stacklevel=5,
+            stacklevel=stacklevel,
         )
 
 

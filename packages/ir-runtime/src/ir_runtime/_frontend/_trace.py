@@ -157,7 +157,9 @@ def _call(fn, structure, lazy: list, plan: _Plan):
         optimizers.setdefault(id(opt), opt)  # returns None: the arguments stay as they are
 
     def saw_module(m, args):
-        modules.setdefault(id(m), m)
+        ref = modules.get(id(m))
+        if ref is None or ref() is not m:  # (a dead module's id can be reused)
+            modules[id(m)] = _ref(m)  # weakly: a module made and dropped by the call dies
 
     hooks = [
         _optimizer.register_optimizer_step_pre_hook(saw_optimizer),
@@ -183,7 +185,10 @@ def _call(fn, structure, lazy: list, plan: _Plan):
     plan.structure = _flatten(out, out_leaves)
     # Results are returned detached: a replay has no autograd graph to give them.
     outputs = [wrap(o._ir) if isinstance(o, LazyTensor) else o for o in out_leaves]
-    return outputs, list(optimizers.values()), list(modules.values()), host_reads
+    # A module the call created and dropped (a loss module built in ``forward``) is gone: a
+    # replay will not call it, and a traced call would build it again. No guard on it.
+    called = [m for ref in modules.values() if (m := ref()) is not None]
+    return outputs, list(optimizers.values()), called, host_reads
 
 
 def _new_gradients(entry: _Entry):
