@@ -18,12 +18,30 @@ import ir_runtime as irt
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def _local_batches(data, mesh, steps):
+    """This process's rows of every batch (``process_local_slices``), as host tensors."""
+    for k in range(steps):
+        x, y = data[k % len(data)]
+        yield tuple(
+            t[irt.process_local_slices(mesh, ("data",) + (None,) * (t.dim() - 1), t.shape)]
+            for t in (x, y)
+        )
+
+
 def train(
-    model_name: str, mode: str, steps=None, sleep=0.0, log=None, raise_at=None, compiled=False
+    model_name: str,
+    mode: str,
+    steps=None,
+    sleep=0.0,
+    log=None,
+    raise_at=None,
+    compiled=False,
+    loader=False,
 ):
     """Per-step losses, final parameters (numpy) and the compile count of one training run.
     Every process calls it; each feeds only its own part of every batch. ``compiled``: the step
-    is an ``irt.compile_step``, replayed once captured."""
+    is an ``irt.compile_step``, replayed once captured. ``loader``: the batches come through an
+    ``irt.ShardedLoader`` over this process's rows."""
     if model_name == "linear":
         import test_linear_spmd as suite
     else:
@@ -45,16 +63,15 @@ def train(
     if compiled:
         step = irt.compile_step(step)
     losses = []
-    for k in range(steps or len(data)):
-        x, y = data[k % len(data)]
-        x_spec = ("data",) + (None,) * (x.dim() - 1)
-        y_spec = ("data",) + (None,) * (y.dim() - 1)
-        lx = irt.from_process_local(
-            x[irt.process_local_slices(mesh, x_spec, x.shape)], mesh, x_spec
-        )
-        ly = irt.from_process_local(
-            y[irt.process_local_slices(mesh, y_spec, y.shape)], mesh, y_spec
-        )
+    local = _local_batches(data, mesh, steps or len(data))
+    if loader:
+        local = irt.ShardedLoader(local, mesh, ("data", None))
+    for k, (lx, ly) in enumerate(local):
+        if not loader:
+            lx, ly = (
+                irt.from_process_local(t, mesh, ("data",) + (None,) * (t.dim() - 1))
+                for t in (lx, ly)
+            )
         loss = step(lx, ly)
         if not compiled:
             irt.mark_step()
@@ -80,6 +97,7 @@ def main():
     parser.add_argument("--raise-at", type=int, default=None, help="process 1 raises here")
     parser.add_argument("--uneven", action="store_true", help="process 1 runs 3 more steps")
     parser.add_argument("--compiled", action="store_true", help="the step as irt.compile_step")
+    parser.add_argument("--loader", action="store_true", help="batches through ShardedLoader")
     args = parser.parse_args()
     irt.init()
     print(f"process {irt.process_index()} of {irt.process_count()}, pid {os.getpid()}", flush=True)
@@ -94,6 +112,7 @@ def main():
         lambda m: print(m, flush=True),
         args.raise_at,
         args.compiled,
+        args.loader,
     )
     print(f"compiles {compiles}", flush=True)
     if args.out and irt.process_index() == 0:

@@ -76,6 +76,17 @@ def test_two_processes_replay_a_compiled_step(tmp_path):
     assert int(two["compiles"]) == 1 and int(two["replays"]) == len(losses) - 2
 
 
+def test_two_processes_feed_a_sharded_loader_their_own_rows(tmp_path):
+    """ShardedLoader across processes: each process loads and places only its own rows of
+    every batch, and the run has the numbers of one process fed whole batches."""
+    two = launch(tmp_path, "--model", "linear", "--mode", "fsdp", "--loader")
+    losses, params, _ = train("linear", "fsdp")
+    np.testing.assert_allclose(two["losses"], losses, rtol=1e-5, atol=1e-7)
+    for k, p in enumerate(params):
+        np.testing.assert_allclose(two[f"p{k}"], p, rtol=1e-5, atol=1e-6)
+    assert int(two["compiles"]) == 1
+
+
 def _start_reading(proc):
     """Lines of ``proc``'s stdout as they come, plus the pids each process reports."""
     pids, lines = {}, []

@@ -72,6 +72,7 @@ __all__ = [
     "LoweringError",
     "Mesh",
     "RuntimeIRError",
+    "ShardedLoader",
     "UnsupportedOpError",
     "clear_sharding",
     "compile",

@@ -38,6 +38,7 @@ from ir_runtime._frontend._api import (  # noqa: F401
     visualize_sharding,
 )
 from ir_runtime._frontend._capture import CaptureWarning, CompiledStep, compile_step  # noqa: F401
+from ir_runtime._frontend._loader import ShardedLoader  # noqa: F401
 from ir_runtime._frontend._step import mark_step, to_torch  # noqa: F401
 from ir_runtime._frontend._tensor import LazyTensor  # noqa: F401
 

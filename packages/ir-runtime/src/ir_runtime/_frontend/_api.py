@@ -98,22 +98,34 @@ def from_process_local(local, mesh: Mesh, partition_spec, global_shape=None) -> 
     spec = ShardingSpec(mesh, partition_spec)
     if not isinstance(local, torch.Tensor):
         raise TypeError(f"from_process_local takes a torch.Tensor, got {type(local).__name__}")
+    return placed_tensor(place_local(local, spec, global_shape), spec, local.requires_grad)
+
+
+def place_local(local: torch.Tensor, spec: ShardingSpec, global_shape=None):
+    """This process's part ``local`` of a tensor sharded as ``spec``, placed: a global
+    ``jax.Array`` (each process passes its own rows). Touches no lazy tensor, so a loader's
+    thread may call it."""
     spec.check_rank(local.dim(), f"the tensor {tuple(local.shape)}")
     if global_shape is not None:
         global_shape = tuple(int(d) for d in global_shape)
         spec.check_rank(len(global_shape), f"global_shape {global_shape}")
-    host = host_numpy(local)
-    sharding = spec.to_jax()
     try:
-        array = jax.make_array_from_process_local_data(sharding, host, global_shape)
+        array = jax.make_array_from_process_local_data(
+            spec.to_jax(), host_numpy(local), global_shape
+        )
     except ValueError as e:
         raise ShardingError(
             f"this process's part {tuple(local.shape)} does not fit {spec} with global shape "
             f"{global_shape}: {e}"
         ) from e
     _metrics.count("TransferToDevice")
-    node = DeviceData(Shape(name_of(host.dtype), array.shape), handle=array, sharding=spec)
-    t = LazyTensor(Value(node), requires_grad=local.requires_grad)
+    return array
+
+
+def placed_tensor(array, spec: ShardingSpec, requires_grad: bool = False) -> LazyTensor:
+    """A lazy tensor holding ``array`` (placed as ``spec``), annotated with ``spec``."""
+    node = DeviceData(Shape(name_of(array.dtype), array.shape), handle=array, sharding=spec)
+    t = LazyTensor(Value(node), requires_grad=requires_grad)
     t._annotate(spec)
     return t
 

@@ -1,0 +1,157 @@
+"""``ShardedLoader``: batches placed on the mesh before the step asks for them.
+
+torch_xla's ``MpDeviceLoader(loader, device, input_sharding=...)``: a background thread takes
+the next batches from the loader and places each tensor over the mesh (the host-to-device copy
+overlaps the step running meanwhile); iterating yields batches of lazy tensors holding that
+data, annotated with their sharding, in the loader's structure (tensors inside tuples, lists
+and dicts; anything else passed through).
+
+Across processes each process's loader yields only this process's rows (what
+``process_local_slices`` names: a ``DistributedSampler`` does it), and every process places
+its part of one global batch, as ``from_process_local`` does.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import torch
+
+from ir_runtime._frontend._api import place_local, placed_tensor
+from ir_sharding import Mesh, ShardingError, ShardingSpec
+
+_DONE = object()  # the loader is exhausted
+
+
+class _Placed:
+    """A batch tensor's data, placed by the loading thread: ``placed_tensor``'s arguments."""
+
+    __slots__ = ("array", "spec")
+
+    def __init__(self, array, spec):
+        self.array, self.spec = array, spec
+
+
+class _Failed:
+    """An exception the loading thread raised, handed to the consumer to raise."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class ShardedLoader:
+    """Iterate ``loader``'s batches as lazy tensors already placed over ``mesh``.
+
+    Args:
+        loader: any iterable of batches (a ``torch.utils.data.DataLoader``): tensors, or
+            tuples, lists and dicts of them (other values pass through unchanged).
+        mesh: the ``Mesh`` to place them over.
+        partition_spec: how to shard each tensor, by its leading dims: one entry per dim, batch
+            first (``("data", None)``). A tensor with fewer dims takes the first entries (those
+            beyond its rank must be None), one with more dims is replicated along the rest.
+            For dict batches, a dict of partition specs by key (a key left out: replicated).
+        prefetch: how many batches to place ahead of the one being used (at least 1).
+
+    Raises (when a batch is placed, at the ``next`` that would yield it):
+        ShardingError: a tensor whose dims do not divide over the mesh axes of its spec.
+    """
+
+    def __init__(self, loader, mesh: Mesh, partition_spec, prefetch: int = 2):
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"ShardedLoader takes an ir_sharding Mesh, got {type(mesh).__name__}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
+        self.loader, self.mesh, self.prefetch = loader, mesh, prefetch
+        if isinstance(partition_spec, dict):
+            self.specs = {k: _entries(v, k) for k, v in partition_spec.items()}
+        else:
+            self.specs = _entries(partition_spec, "partition_spec")
+        self.batches = 0  # batches placed so far (by the thread, ahead of the consumer)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._load, args=(ready, stop), name="ir_runtime-loader", daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is _DONE:
+                    return
+                if type(item) is _Failed:
+                    raise item.error
+                yield _rebuild(item, _lazy)
+        finally:
+            stop.set()
+            while not ready.empty():  # unblock a thread waiting to put
+                ready.get_nowait()
+
+    def _load(self, ready: queue.Queue, stop: threading.Event) -> None:
+        try:
+            for batch in self.loader:
+                if stop.is_set():
+                    return
+                placed = _rebuild(batch, self._place)
+                self.batches += 1
+                while not stop.is_set():
+                    try:
+                        ready.put(placed, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+            ready.put(_DONE)
+        except BaseException as e:  # handed over: the consumer raises it
+            ready.put(_Failed(e))
+
+    def _place(self, t, key):
+        if not isinstance(t, torch.Tensor):
+            return t
+        entries = self.specs.get(key, ()) if isinstance(self.specs, dict) else self.specs
+        spec = ShardingSpec(self.mesh, _fit(entries, t.dim(), key))
+        return _Placed(place_local(t, spec), spec)
+
+
+def _lazy(x, key):
+    return placed_tensor(x.array, x.spec) if type(x) is _Placed else x
+
+
+def _entries(partition_spec, what) -> tuple:
+    if partition_spec is None:
+        return ()
+    if isinstance(partition_spec, (str, bytes)) or not hasattr(partition_spec, "__iter__"):
+        raise ShardingError(
+            f"{what}: a partition spec is a tuple of mesh axis names (or None, or tuples of "
+            f"names), one per dim; got {partition_spec!r}"
+        )
+    return tuple(partition_spec)
+
+
+def _fit(entries, rank: int, key) -> tuple:
+    """``entries`` for a tensor of ``rank`` dims: its first ``rank`` entries, None beyond."""
+    if any(e is not None for e in entries[rank:]):
+        name = "" if key is None else f" {key!r}"
+        raise ShardingError(
+            f"the batch's tensor{name} has {rank} dims but its partition spec {entries} shards "
+            f"dim {rank + min(i for i, e in enumerate(entries[rank:]) if e is not None)}"
+        )
+    return tuple(entries[:rank]) + (None,) * (rank - len(entries[:rank]))
+
+
+def _rebuild(batch, leaf, key=None):
+    """``batch`` in its structure (tuples, lists, named tuples, dicts) with every other value
+    ``v`` replaced by ``leaf(v, key)``, ``key`` the top-level dict key above it."""
+    if isinstance(batch, dict):
+        return type(batch)(
+            (k, _rebuild(v, leaf, k if key is None else key)) for k, v in batch.items()
+        )
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_rebuild(v, leaf, key) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_rebuild(v, leaf, key) for v in batch)
+    return leaf(batch, key)
