@@ -65,3 +65,40 @@ def test_each_token_runs_a_program_of_that_token_only():
         assert m["counters"]["HostRead"] >= new_tokens
         largest.append(m["timers"]["GraphNodes"]["max"])
     assert largest[0] == largest[1], largest
+
+
+def host_generate(model, ids, mask, new_tokens, **kwargs):
+    kwargs = {"max_new_tokens": new_tokens, "pad_token_id": 0, **kwargs}
+    with torch.no_grad():
+        return irt.generate(model, ids, attention_mask=mask, **kwargs)
+
+
+@pytest.mark.parametrize("new_tokens", [4, 12])
+def test_irt_generate_with_the_static_cache_compiles_two_programs(new_tokens):
+    """The prefill and the decoding step: generation of any length compiles those two, then
+    every token is a cache hit; tokens equal eager's (left padding included)."""
+    eager = tiny_llama()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids, mask = left_padded_batch()
+    want = generate(eager, ids, mask, new_tokens, "static")
+    irt.CACHE.clear()
+    irt.reset_metrics()
+    got = host_generate(lazy, ids, mask, new_tokens, cache_implementation="static")
+    assert torch.equal(got, want)
+    counters = irt.metrics()["counters"]
+    assert counters["CompileCount"] == 2
+    assert counters["CacheHit"] == new_tokens - 2
+
+
+def test_irt_generate_samples_what_eager_samples_and_keeps_lazy_inputs_lazy():
+    eager = tiny_llama()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids, mask = left_padded_batch()
+    kwargs = {"do_sample": True, "top_k": 20, "temperature": 0.8}
+    torch.manual_seed(5)
+    with torch.no_grad():
+        want = eager.generate(ids, attention_mask=mask, max_new_tokens=6, pad_token_id=0, **kwargs)
+    torch.manual_seed(5)  # sampling draws from torch's CPU generator, as eager's does
+    got = host_generate(lazy, irt.to_lazy(ids), irt.to_lazy(mask), 6, **kwargs)
+    assert isinstance(got, irt.LazyTensor)
+    assert torch.equal(irt.to_torch(got), want)

@@ -81,6 +81,7 @@ __all__ = [
     "dump",
     "execute",
     "from_process_local",
+    "generate",
     "init",
     "install",
     "lower",

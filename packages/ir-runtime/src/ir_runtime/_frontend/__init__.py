@@ -20,6 +20,7 @@ from ir_runtime._frontend import (
     _autocast,
     _dynamic,  # noqa: F401  (ops with data-dependent shapes)
     _factories,
+    _generate,  # noqa: F401
     _handlers,  # noqa: F401  (copies, host reads, aliases, batch norm, dropout)
     _optim,
     _rng,
@@ -38,6 +39,7 @@ from ir_runtime._frontend._api import (  # noqa: F401
     visualize_sharding,
 )
 from ir_runtime._frontend._capture import CaptureWarning, CompiledStep, compile_step  # noqa: F401
+from ir_runtime._frontend._generate import generate  # noqa: F401
 from ir_runtime._frontend._loader import ShardedLoader  # noqa: F401
 from ir_runtime._frontend._step import mark_step, to_torch  # noqa: F401
 from ir_runtime._frontend._tensor import LazyTensor  # noqa: F401

@@ -1,0 +1,65 @@
+"""``generate(model, ...)``: Hugging Face generation with its bookkeeping on the host.
+
+transformers' ``generate`` grows ``input_ids`` and ``attention_mask`` by one column per token.
+On the lazy device each growth is a new shape, so each token would be a new program, even with
+the static KV cache. Here the model's forward runs on the lazy device and everything around it
+runs on the host, as eager: the token ids, the attention mask, the cache positions, the
+logits processors, sampling (torch's own CPU generator: the same draws as eager for the same
+seed) and the stopping criteria. Each forward returns its logits to the host: one read per
+token, whose program holds that token's forward and the KV cache update. With
+``cache_implementation="static"`` every decoding step has the same shapes, so generation of
+any length compiles two programs (the prefill and the decoding step) and then only hits the
+cache. With the default dynamic cache the cache grows, and each token is its own program.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ir_runtime._frontend._api import to_lazy
+from ir_runtime._frontend._step import to_torch
+from ir_runtime._frontend._tensor import LazyTensor
+
+
+def _logits_to_host(module, args, kwargs, out):
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, LazyTensor):
+        out.logits = to_torch(logits)
+    return out
+
+
+def _host(x):
+    return to_torch(x) if isinstance(x, LazyTensor) else x
+
+
+def generate(model, inputs=None, **kwargs):
+    """``model.generate(inputs, **kwargs)`` (a Hugging Face model moved with ``to_lazy``),
+    with the forward on the lazy device and the rest on the host (module docstring).
+
+    Args:
+        model: a transformers ``GenerationMixin`` model on the lazy device.
+        inputs: the prompt's token ids, lazy or host (as ``generate``'s first argument).
+        **kwargs: ``generate``'s own: ``attention_mask``, ``max_new_tokens``, ``do_sample``,
+            ``cache_implementation="static"``, ... (lazy tensors among them are read first).
+
+    Returns:
+        What ``generate`` returns; its token ids lazy when ``inputs`` was lazy, else on the host.
+    """
+    lazy_inputs = isinstance(inputs, LazyTensor)
+    kwargs = {k: _host(v) for k, v in kwargs.items()}
+    hook = model.register_forward_hook(_logits_to_host, with_kwargs=True)
+    try:
+        with warnings.catch_warnings():
+            # Host token ids beside a lazy model are the point here, not a mistake.
+            warnings.filterwarnings("ignore", message=".*on a device type different than")
+            out = type(model).generate(model, _host(inputs), **kwargs)
+    finally:
+        hook.remove()
+    if not lazy_inputs:
+        return out
+    if isinstance(out, torch.Tensor):
+        return to_lazy(out)
+    out.sequences = to_lazy(out.sequences)
+    return out
