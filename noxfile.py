@@ -67,7 +67,9 @@ def lint(session):
 @nox.session
 def bench(session):
     """Benchmarks side by side with their peers; a table on stdout, JSON under .bench/."""
-    session.install(f"./{CORE}", f"./{SHARDING}[jax]", f"./{RUNTIME}", TORCH, "xxhash>=3.4")
+    session.install(
+        f"./{CORE}", f"./{SHARDING}[jax]", f"./{RUNTIME}", TORCH, "xxhash>=3.4", TRANSFORMERS
+    )
     session.run("python", f"{CORE}/bench/bench_core.py", "--json", ".bench/ir-core.json")
     session.run(
         "python", f"{SHARDING}/bench/bench_sharding.py", "--json", ".bench/ir-sharding.json"
@@ -76,6 +78,7 @@ def bench(session):
         ("bench_runtime", "ir-runtime"),
         ("bench_frontend", "ir-frontend"),
         ("bench_multiprocess", "ir-multiprocess"),
+        ("bench_models", "ir-models"),
     ):
         session.run("python", f"{RUNTIME}/bench/{name}.py", "--json", f".bench/{out}.json")
 

@@ -1,0 +1,165 @@
+"""Hugging Face models on the lazy device, beside torch eager, in one run.
+
+1. Greedy generation of 32 new tokens with a tiny Llama (batch 8, static KV cache) through
+   ``irt.generate``: programs compiled, and the per-token latency once warm (a second
+   generation of the same shapes: every program a cache hit), against eager's ``generate``.
+2. ``ShardedLoader``: the linear model's SGD step on the 4x2 mesh fed by the loader, against
+   the same steps fed batches placed beforehand.
+
+Prints a table and writes JSON (``--json PATH``).
+"""
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))  # benchjson, at the top
+
+import benchjson  # noqa: E402
+import ir_runtime as irt  # noqa: E402
+
+irt.init(cpu_devices=8)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
+
+
+def tiny_llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def bench_generate(new_tokens=32, batch=8, rounds=3):
+    eager = tiny_llama()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    torch.manual_seed(1)
+    ids = torch.randint(1, 256, (batch, 8))
+    mask = torch.ones_like(ids)
+    kwargs = {
+        "max_new_tokens": new_tokens,
+        "do_sample": False,
+        "pad_token_id": 0,
+        "cache_implementation": "static",
+        "attention_mask": mask,
+    }
+
+    def timed(fn):
+        with torch.no_grad():
+            start = time.perf_counter()
+            out = fn()
+            return time.perf_counter() - start, out
+
+    irt.CACHE.clear()
+    irt.reset_metrics()
+    first, got = timed(lambda: irt.generate(lazy, ids, **kwargs))
+    compiles = irt.metrics()["counters"]["CompileCount"]
+    _, want = timed(lambda: eager.generate(ids, **kwargs))
+    assert torch.equal(got, want), "the lazy tokens differ from eager's"
+    lazy_t, eager_t = [], []
+    for _ in range(rounds):  # alternating, warm
+        lazy_t.append(timed(lambda: irt.generate(lazy, ids, **kwargs))[0])
+        eager_t.append(timed(lambda: eager.generate(ids, **kwargs))[0])
+    hits = irt.metrics()["counters"]["CompileCount"] - compiles
+    lazy_ms = statistics.median(lazy_t) / new_tokens * 1e3
+    eager_ms = statistics.median(eager_t) / new_tokens * 1e3
+    return {
+        "new_tokens": new_tokens,
+        "batch": batch,
+        "compiles_first_generation": compiles,
+        "compiles_after": hits,
+        "first_generation_s": first,
+        "lazy_ms_per_token": lazy_ms,
+        "eager_ms_per_token": eager_ms,
+        "ratio": lazy_ms / eager_ms,
+    }
+
+
+def bench_loader(steps=60, rows=64, features=256):
+    torch.manual_seed(0)
+    data = [(torch.randn(rows, features), torch.randn(rows, 8)) for _ in range(8)]
+
+    def run(batches):
+        torch.manual_seed(1)
+        model = irt.to_lazy(torch.nn.Linear(features, 8))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        times = []
+        for k, (x, y) in enumerate(batches):
+            start = time.perf_counter()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            irt.mark_step()
+            irt.wait_device_ops()
+            if k >= 5:  # past compilation
+                times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+
+    def placed():
+        out = []
+        for k in range(steps):
+            x, y = data[k % len(data)]
+            x, y = irt.to_lazy(x), irt.to_lazy(y)
+            irt.mark_sharding(x, MESH, ("data", None))
+            irt.mark_sharding(y, MESH, ("data", None))
+            out.append((x, y))
+        return out
+
+    def loaded():
+        return irt.ShardedLoader((data[k % len(data)] for k in range(steps)), MESH, ("data", None))
+
+    before = run(placed())  # placed before the loop starts: the floor
+    with_loader = run(loaded())
+    return {"preplaced_us": before, "loader_us": with_loader, "ratio": with_loader / before}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    gen = bench_generate()
+    print("Greedy generation, tiny Llama, static cache, one device (programs: prefill + decode)")
+    print(
+        f"  {gen['new_tokens']} tokens, batch {gen['batch']}: compiles"
+        f" {gen['compiles_first_generation']} then {gen['compiles_after']}; per token"
+        f" {gen['lazy_ms_per_token']:.2f} ms lazy,"
+        f" {gen['eager_ms_per_token']:.2f} ms eager: {gen['ratio']:.2f}x"
+    )
+    print("  targets: at most 3 compiles; at most 2x eager per token")
+    loader = bench_loader()
+    print("ShardedLoader, linear SGD step on the 4x2 mesh, median us per step")
+    print(
+        f"  batches placed beforehand {loader['preplaced_us']:.0f}, through the loader"
+        f" {loader['loader_us']:.0f}: {loader['ratio']:.2f}x (target: at most 1.05x)"
+    )
+    benchjson.write(
+        args.json,
+        {
+            "generate": gen,
+            "loader": loader,
+            "environment": benchjson.environment(
+                torch=torch.__version__, jax=jax.__version__, transformers=transformers.__version__
+            ),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
