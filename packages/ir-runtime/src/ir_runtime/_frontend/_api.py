@@ -109,10 +109,14 @@ def place_local(local: torch.Tensor, spec: ShardingSpec, global_shape=None):
     if global_shape is not None:
         global_shape = tuple(int(d) for d in global_shape)
         spec.check_rank(len(global_shape), f"global_shape {global_shape}")
+    sharding = spec.to_jax()
     try:
-        array = jax.make_array_from_process_local_data(
-            spec.to_jax(), host_numpy(local), global_shape
-        )
+        if sharding.is_fully_addressable and global_shape in (None, tuple(local.shape)):
+            array = jax.device_put(host_numpy(local), sharding)  # one process: the whole tensor
+        else:
+            array = jax.make_array_from_process_local_data(
+                sharding, host_numpy(local), global_shape
+            )
     except ValueError as e:
         raise ShardingError(
             f"this process's part {tuple(local.shape)} does not fit {spec} with global shape "

@@ -68,6 +68,7 @@ class ShardedLoader:
         else:
             self.specs = _entries(partition_spec, "partition_spec")
         self.batches = 0  # batches placed so far (by the thread, ahead of the consumer)
+        self._specs: dict = {}  # (key, rank) -> ShardingSpec: one per kind of tensor
 
     def __len__(self):
         return len(self.loader)
@@ -112,8 +113,11 @@ class ShardedLoader:
     def _place(self, t, key):
         if not isinstance(t, torch.Tensor):
             return t
-        entries = self.specs.get(key, ()) if isinstance(self.specs, dict) else self.specs
-        spec = ShardingSpec(self.mesh, _fit(entries, t.dim(), key))
+        spec = self._specs.get((key, t.dim()))
+        if spec is None:  # the same spec object each batch: its jax sharding is made once
+            entries = self.specs.get(key, ()) if isinstance(self.specs, dict) else self.specs
+            spec = ShardingSpec(self.mesh, _fit(entries, t.dim(), key))
+            self._specs[(key, t.dim())] = spec
         return _Placed(place_local(t, spec), spec)
 
 
