@@ -3,25 +3,15 @@ downloaded), greedy decoding of a left-padded batch, against the same model in t
 
 import copy
 
+import hf_models
 import pytest
 import torch
-import transformers
 
 import ir_runtime as irt
 
 
 def tiny_llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+    return hf_models.causal("llama").eval()
 
 
 def left_padded_batch():

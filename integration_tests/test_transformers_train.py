@@ -4,6 +4,7 @@ downloaded, dropout off so eager is an exact oracle). Every one replays, with ea
 
 import copy
 
+import hf_models
 import numpy as np
 import pytest
 import torch
@@ -12,45 +13,17 @@ import transformers as tf
 import ir_runtime as irt
 
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
-SMALL = {"vocab_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
 
 
 def llama():
-    config = tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **SMALL)
-    return tf.LlamaForCausalLM(config)
+    return hf_models.causal("llama")
 
 
 def qwen2():
-    config = tf.Qwen2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=2, **SMALL)
-    return tf.Qwen2ForCausalLM(config)
+    return hf_models.causal("qwen2")
 
 
-def bert():
-    # The eager attention: transformers' SDPA path reads the mask to the host to skip it.
-    config = tf.BertConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_labels=3,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        attn_implementation="eager",
-        **SMALL,
-    )
-    return tf.BertForSequenceClassification(config)
-
-
-def t5():
-    config = tf.T5Config(
-        vocab_size=96,
-        d_model=32,
-        d_ff=64,
-        d_kv=8,
-        num_layers=2,
-        num_heads=4,
-        decoder_start_token_id=0,
-        dropout_rate=0.0,
-    )
-    return tf.T5ForConditionalGeneration(config)
+bert, t5 = hf_models.bert, hf_models.t5
 
 
 def loss_of(model, ids, labels):
@@ -61,7 +34,6 @@ def loss_of(model, ids, labels):
 
 @pytest.mark.parametrize("make", [llama, qwen2, bert, t5], ids=lambda f: f.__name__)
 def test_a_hugging_face_model_trains_under_compile_step_and_replays(make):
-    torch.manual_seed(0)
     eager = make().train()
     lazy = irt.to_lazy(copy.deepcopy(eager))
     opts = {

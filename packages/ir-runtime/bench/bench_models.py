@@ -18,6 +18,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))  # benchjson, at the top
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "integration_tests"))  # hf_models
+
+import hf_models  # noqa: E402
 
 import benchjson  # noqa: E402
 import ir_runtime as irt  # noqa: E402
@@ -32,22 +35,8 @@ import transformers  # noqa: E402
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
 
 
-def tiny_llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
-
-
 def bench_generate(new_tokens=32, batch=8, rounds=3):
-    eager = tiny_llama()
+    eager = hf_models.causal("llama", vocab_size=256, hidden_size=64).eval()
     lazy = irt.to_lazy(copy.deepcopy(eager))
     torch.manual_seed(1)
     ids = torch.randint(1, 256, (batch, 8))

@@ -1,0 +1,45 @@
+"""Tiny Hugging Face models built from their configs (no weights downloaded), for the
+integration suite and the benchmarks. Dropout is off, so torch eager is an exact oracle."""
+
+import torch
+import transformers as tf
+
+
+def causal(kind="llama", vocab_size=96, hidden_size=32, layers=2, seed=0):
+    """A Llama or Qwen2 causal LM: 4 attention heads over 2 key/value heads."""
+    config_class, model_class = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+    }[kind]
+    config = config_class(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return _build(model_class, config, seed)
+
+
+def _build(model_class, config, seed):
+    torch.manual_seed(seed)
+    return model_class(config)
+
+
+def bert(seed=0):
+    """A BERT sequence classifier over 3 labels, with the eager attention (transformers' SDPA
+    path reads the attention mask to the host to skip it)."""
+    sizes = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    config = tf.BertConfig(
+        vocab_size=96, num_attention_heads=4, num_labels=3, attn_implementation="eager", **sizes
+    )
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    return _build(tf.BertForSequenceClassification, config, seed)
+
+
+def t5(seed=0):
+    sizes = {"d_model": 32, "d_ff": 64, "d_kv": 8, "num_layers": 2, "num_heads": 4}
+    config = tf.T5Config(vocab_size=96, decoder_start_token_id=0, dropout_rate=0.0, **sizes)
+    return _build(tf.T5ForConditionalGeneration, config, seed)
