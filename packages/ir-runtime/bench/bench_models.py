@@ -5,6 +5,9 @@
    generation of the same shapes: every program a cache hit), against eager's ``generate``.
 2. ``ShardedLoader``: the linear model's SGD step on the 4x2 mesh fed by the loader, against
    the same steps fed batches placed beforehand.
+3. Training steps of tiny Llama, Qwen2, BERT and T5 under ``compile_step`` on the 4x2 mesh
+   (batch sharded over "data"): a replayed step against the same compiled program run alone on
+   the same buffers (the overhead above XLA), beside eager and ``mark_step``.
 
 Prints a table and writes JSON (``--json PATH``).
 """
@@ -119,6 +122,83 @@ def bench_loader(steps=60, rows=64, features=256):
     return {"preplaced_us": before, "loader_us": with_loader, "ratio": with_loader / before}
 
 
+def bench_training(steps=12):
+    out = {}
+    for name, make in (
+        ("llama", lambda: hf_models.causal("llama")),
+        ("qwen2", lambda: hf_models.causal("qwen2")),
+        ("bert", hf_models.bert),
+        ("t5", hf_models.t5),
+    ):
+        out[name] = _bench_training(make, steps)
+    return out
+
+
+def _loss(model, ids, labels):
+    if isinstance(model, transformers.BertForSequenceClassification):
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+    return model(input_ids=ids, labels=ids).loss
+
+
+def _bench_training(make, steps):
+    eager = make().train()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    opts = {
+        eager: torch.optim.AdamW(eager.parameters(), lr=1e-3),
+        lazy: torch.optim.AdamW(lazy.parameters(), lr=1e-3, capturable=True),
+    }
+
+    def step(model, ids, labels):
+        loss = _loss(model, ids, labels)
+        loss.backward()
+        opts[model].step()
+        opts[model].zero_grad()
+        return loss.detach()
+
+    compiled = irt.compile_step(step)
+    ids, labels = torch.randint(1, 96, (8, 16)), torch.randint(0, 3, (8,))
+
+    def lazy_batch():
+        lids = irt.to_lazy(ids)
+        irt.mark_sharding(lids, MESH, ("data", None))
+        return lids, irt.to_lazy(labels)
+
+    ran = []  # the executable and its buffers, as the last replay ran them
+    times = {"replay": [], "alone": [], "mark_step": [], "eager": []}
+    for k in range(steps):
+        lids, llabels = lazy_batch()
+        start = time.perf_counter()
+        compiled(lazy, lids, llabels)
+        irt.wait_device_ops()
+        if k >= 4:
+            times["replay"].append(time.perf_counter() - start)
+    assert compiled.replaying, compiled.reason
+    plan = next(iter(compiled._replay.values()))
+    exe, run = plan.exe, plan.exe.run
+    exe.run = lambda arrays: ran.append(arrays) or run(arrays)
+    compiled(lazy, *lazy_batch())
+    exe.run = run
+    for _ in range(steps - 4):
+        start = time.perf_counter()
+        exe.compiled(*ran[-1])[0].block_until_ready()
+        times["alone"].append(time.perf_counter() - start)
+    for k in range(steps):
+        lids, llabels = lazy_batch()
+        start = time.perf_counter()
+        step(lazy, lids, llabels)
+        irt.mark_step()
+        irt.wait_device_ops()
+        if k >= 4:
+            times["mark_step"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        step(eager, ids, labels)
+        if k >= 4:
+            times["eager"].append(time.perf_counter() - start)
+    us = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+    us["replay_over_alone"] = us["replay"] / us["alone"]
+    return us
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
@@ -138,11 +218,21 @@ def main():
         f"  batches placed beforehand {loader['preplaced_us']:.0f}, through the loader"
         f" {loader['loader_us']:.0f}: {loader['ratio']:.2f}x (target: at most 1.05x)"
     )
+    training = bench_training()
+    print("Training steps under compile_step, 4x2 mesh, batch 8 x 16 tokens, median us per step")
+    print(f"  {'model':8} {'eager':>8} {'mark_step':>10} {'replay':>8} {'alone':>8} replay/alone")
+    for name, t in training.items():
+        print(
+            f"  {name:8} {t['eager']:8.0f} {t['mark_step']:10.0f} {t['replay']:8.0f}"
+            f" {t['alone']:8.0f} {t['replay_over_alone']:8.2f}x"
+        )
+    print("  target: replay at most 1.2x the program run alone")
     benchjson.write(
         args.json,
         {
             "generate": gen,
             "loader": loader,
+            "training": training,
             "environment": benchjson.environment(
                 torch=torch.__version__, jax=jax.__version__, transformers=transformers.__version__
             ),
