@@ -43,3 +43,29 @@ def t5(seed=0):
     sizes = {"d_model": 32, "d_ff": 64, "d_kv": 8, "num_layers": 2, "num_heads": 4}
     config = tf.T5Config(vocab_size=96, decoder_start_token_id=0, dropout_rate=0.0, **sizes)
     return _build(tf.T5ForConditionalGeneration, config, seed)
+
+
+def loss_of(model, ids, labels):
+    """The model's training loss on a batch: BERT classifies (``labels``); the causal LMs and
+    T5 predict the sequence ``ids`` itself."""
+    if isinstance(model, tf.BertForSequenceClassification):
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+    return model(input_ids=ids, labels=ids).loss
+
+
+def training_step(eager, lazy):
+    """``step(model, ids, labels)`` for either model: AdamW (capturable on the lazy device, so
+    a compiled step replays); returns the loss, detached."""
+    opts = {
+        eager: torch.optim.AdamW(eager.parameters(), lr=1e-3),
+        lazy: torch.optim.AdamW(lazy.parameters(), lr=1e-3, capturable=True),
+    }
+
+    def step(model, ids, labels):
+        loss = loss_of(model, ids, labels)
+        loss.backward()
+        opts[model].step()
+        opts[model].zero_grad()
+        return loss.detach()
+
+    return step

@@ -8,7 +8,6 @@ import hf_models
 import numpy as np
 import pytest
 import torch
-import transformers as tf
 
 import ir_runtime as irt
 
@@ -26,28 +25,11 @@ def qwen2():
 bert, t5 = hf_models.bert, hf_models.t5
 
 
-def loss_of(model, ids, labels):
-    if isinstance(model, tf.BertForSequenceClassification):
-        return model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
-    return model(input_ids=ids, labels=ids).loss  # causal LM and T5: predict the sequence
-
-
 @pytest.mark.parametrize("make", [llama, qwen2, bert, t5], ids=lambda f: f.__name__)
 def test_a_hugging_face_model_trains_under_compile_step_and_replays(make):
     eager = make().train()
     lazy = irt.to_lazy(copy.deepcopy(eager))
-    opts = {
-        eager: torch.optim.AdamW(eager.parameters(), lr=1e-3),
-        lazy: torch.optim.AdamW(lazy.parameters(), lr=1e-3, capturable=True),
-    }
-
-    def step(model, ids, labels):
-        loss = loss_of(model, ids, labels)
-        loss.backward()
-        opts[model].step()
-        opts[model].zero_grad()
-        return loss.detach()
-
+    step = hf_models.training_step(eager, lazy)
     compiled = irt.compile_step(step)
     irt.reset_metrics()
     for _ in range(5):

@@ -134,27 +134,10 @@ def bench_training(steps=12):
     return out
 
 
-def _loss(model, ids, labels):
-    if isinstance(model, transformers.BertForSequenceClassification):
-        return model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
-    return model(input_ids=ids, labels=ids).loss
-
-
 def _bench_training(make, steps):
     eager = make().train()
     lazy = irt.to_lazy(copy.deepcopy(eager))
-    opts = {
-        eager: torch.optim.AdamW(eager.parameters(), lr=1e-3),
-        lazy: torch.optim.AdamW(lazy.parameters(), lr=1e-3, capturable=True),
-    }
-
-    def step(model, ids, labels):
-        loss = _loss(model, ids, labels)
-        loss.backward()
-        opts[model].step()
-        opts[model].zero_grad()
-        return loss.detach()
-
+    step = hf_models.training_step(eager, lazy)
     compiled = irt.compile_step(step)
     ids, labels = torch.randint(1, 96, (8, 16)), torch.randint(0, 3, (8,))
 
