@@ -645,7 +645,7 @@ def test_a_host_read_runs_the_pending_tensors_that_share_its_graph_once():
     a = x * 2.0
     b = a + 1.0
     c = a * 3.0  # shares a with b
-    d = y + 5.0  # shares nothing with b
+    d = y + 1.0  # shares only a data leaf with b (the lifted 1.0): nothing computed
     irt.reset_metrics()
     assert b.sum().item() == 16.0
     counters = irt.metrics()["counters"]
@@ -656,8 +656,8 @@ def test_a_host_read_runs_the_pending_tensors_that_share_its_graph_once():
     assert torch.equal(irt.to_torch(c), torch.arange(4.0) * 6)  # no program: it is data
     assert irt.metrics()["counters"]["ExecuteCount"] == 1
     irt.mark_step()  # only d is left
-    assert irt.metrics()["timers"]["GraphNodes"]["last"] <= 3
-    assert torch.equal(irt.to_torch(d), torch.full((4,), 6.0))
+    assert irt.metrics()["counters"]["ExecuteCount"] == 2
+    assert torch.equal(irt.to_torch(d), torch.full((4,), 2.0))
 
 
 def test_a_decoding_loop_runs_one_tokens_program_per_read():
@@ -691,3 +691,5 @@ def test_autocast_can_be_turned_off_on_the_lazy_device():
             pass
     with torch.autocast("cpu", dtype=torch.bfloat16):  # CPU autocast is torch's own
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+        with torch.autocast(device_type="lazy", enabled=False):  # changes nothing on the host
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16

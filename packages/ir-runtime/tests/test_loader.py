@@ -130,3 +130,29 @@ def test_leaving_the_loop_early_stops_the_loading_thread():
     for t in loaders:
         t.join(timeout=60)  # a generous hang guard: it stops at its next batch
     assert not any(t.is_alive() for t in loaders)
+
+
+def test_a_second_loader_over_the_same_stream_takes_up_where_the_first_stopped():
+    """Leaving the loop stops the first loader's thread before the next loader starts: the
+    source generator is never read by two threads at once."""
+    stream = iter(batches(6))
+    first = irt.ShardedLoader(stream, MESH, ("data", None), prefetch=1)
+    for _ in first:
+        break
+    rest = list(irt.ShardedLoader(stream, MESH, ("data", None)))
+    assert 1 <= len(rest) <= 5  # the first loader may have taken one batch ahead
+
+
+def test_mapping_batches_that_are_not_dicts_are_placed():
+    """Hugging Face tokenizers return a BatchEncoding, a UserDict: its tensors are placed too."""
+    import collections as c
+
+    class Encoding(c.UserDict):
+        pass
+
+    data = [Encoding({"input_ids": torch.randint(0, 9, (8, 4))})]
+    (got,) = list(irt.ShardedLoader(data, MESH, ("data", None)))
+    assert isinstance(got, Encoding)
+    assert placed_as(got["input_ids"], ShardingSpec(MESH, ("data", None)))
+    (plain,) = list(irt.ShardedLoader([c.defaultdict(int, x=torch.ones(8))], MESH, ("data",)))
+    assert placed_as(plain["x"], ShardingSpec(MESH, ("data",)))

@@ -47,7 +47,7 @@ def generate(model, inputs=None, **kwargs):
     Returns:
         What ``generate`` returns; its token ids lazy when ``inputs`` was lazy, else on the host.
     """
-    lazy_inputs = isinstance(inputs, LazyTensor)
+    lazy_inputs = isinstance(inputs, LazyTensor) or isinstance(kwargs.get("input_ids"), LazyTensor)
     kwargs = {k: _host(v) for k, v in kwargs.items()}
     hook = model.register_forward_hook(_logits_to_host, with_kwargs=True)
     try:

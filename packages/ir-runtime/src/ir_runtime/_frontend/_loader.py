@@ -8,13 +8,17 @@ and dicts; anything else passed through).
 
 Across processes each process's loader yields only this process's rows (what
 ``process_local_slices`` names: a ``DistributedSampler`` does it), and every process places
-its part of one global batch, as ``from_process_local`` does.
+its part of one global batch, as ``from_process_local`` does. A tensor the spec leaves
+replicated must then be the same in every process.
+
+Leaving the loop early stops the thread once it has placed the batch it is on.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Mapping
 
 import torch
 
@@ -90,8 +94,10 @@ class ShardedLoader:
                 yield _rebuild(item, _lazy)
         finally:
             stop.set()
-            while not ready.empty():  # unblock a thread waiting to put
-                ready.get_nowait()
+            while thread.is_alive():  # unblock a thread waiting to put; it ends at its check
+                while not ready.empty():
+                    ready.get_nowait()
+                thread.join(timeout=0.1)
 
     def _load(self, ready: queue.Queue, stop: threading.Event) -> None:
         try:
@@ -100,15 +106,11 @@ class ShardedLoader:
                     return
                 placed = _rebuild(batch, self._place)
                 self.batches += 1
-                while not stop.is_set():
-                    try:
-                        ready.put(placed, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-            ready.put(_DONE)
+                if not _put(ready, placed, stop):
+                    return
+            _put(ready, _DONE, stop)
         except BaseException as e:  # handed over: the consumer raises it
-            ready.put(_Failed(e))
+            _put(ready, _Failed(e), stop)
 
     def _place(self, t, key):
         if not isinstance(t, torch.Tensor):
@@ -123,6 +125,17 @@ class ShardedLoader:
 
 def _lazy(x, key):
     return placed_tensor(x.array, x.spec) if type(x) is _Placed else x
+
+
+def _put(ready: queue.Queue, item, stop: threading.Event) -> bool:
+    """Hand ``item`` over, unless the consumer has stopped meanwhile (False then)."""
+    while not stop.is_set():
+        try:
+            ready.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def _entries(partition_spec, what) -> tuple:
@@ -150,10 +163,12 @@ def _fit(entries, rank: int, key) -> tuple:
 def _rebuild(batch, leaf, key=None):
     """``batch`` in its structure (tuples, lists, named tuples, dicts) with every other value
     ``v`` replaced by ``leaf(v, key)``, ``key`` the top-level dict key above it."""
-    if isinstance(batch, dict):
-        return type(batch)(
-            (k, _rebuild(v, leaf, k if key is None else key)) for k, v in batch.items()
-        )
+    if isinstance(batch, Mapping):  # dicts, and Hugging Face's BatchEncoding (a UserDict)
+        items = {k: _rebuild(v, leaf, k if key is None else key) for k, v in batch.items()}
+        try:
+            return type(batch)(items)
+        except TypeError:  # a mapping type not built from a dict (defaultdict): a dict
+            return items
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(_rebuild(v, leaf, key) for v in batch))
     if isinstance(batch, (list, tuple)):

@@ -93,17 +93,21 @@ def materialize(t: LazyTensor) -> DeviceData:
 
 
 def _sharing(t: LazyTensor) -> list:
-    """``t`` and the live pending tensors whose graphs share a node with ``t``'s, oldest first
-    (as mark_step orders them)."""
+    """``t`` and the live pending tensors whose graphs share a computed node with ``t``'s,
+    oldest first (as mark_step orders them)."""
     busy = [u for u in live() if pending(u)]
     if len(busy) == 1:
         return busy
-    mine = {id(n) for n in post_order([t._ir])}
+    # Shared computed nodes only: data leaves (parameters, the random key, lifted scalars, one
+    # per value) are shared by everything that uses them, and computing that is not the point.
+    mine = {id(n) for n in post_order([t._ir]) if type(n) is not DeviceData}
     touches: dict = {}
     for n in post_order([u._ir for u in busy]):
         nid = id(n)
-        touches[nid] = nid in mine or any(touches[id(v.node)] for v in n.operands)
-    return [u for u in busy if touches[id(u._ir.node)]]
+        touches[nid] = type(n) is not DeviceData and (
+            nid in mine or any(touches[id(v.node)] for v in n.operands)
+        )
+    return [u for u in busy if u is t or touches[id(u._ir.node)]]
 
 
 def to_torch(t) -> torch.Tensor:
