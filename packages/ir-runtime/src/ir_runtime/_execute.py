@@ -6,13 +6,14 @@ import jax
 import numpy as np
 
 from ir_core import DeviceData
-from ir_runtime import _jaxapi, _metrics
+from ir_runtime import _metrics
 from ir_runtime._bounded import Bounded
 from ir_runtime._cache import CACHE
 from ir_runtime._collectives import settle
 from ir_runtime._data import put
 from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._errors import ExecutionError, LoweringError
+from ir_runtime._jaxapi import ArrayImpl
 
 # (sharding, sharding, rank) -> whether they place an array alike; and scalar values placed.
 _EQUIVALENT = Bounded(1024)
@@ -38,7 +39,7 @@ def place(p: DeviceData, sharding):
     h = p.handle
     if h is None:
         raise LoweringError(f"parameter {p!r} has no data (handle None); bind an array first")
-    if type(h) is _jaxapi.ArrayImpl and h.sharding is sharding and not h.is_deleted():
+    if type(h) is ArrayImpl and h.sharding is sharding and not h.is_deleted():
         return h  # the steady state: a result of the previous step, where it belongs
     if isinstance(h, jax.Array):
         if h.is_deleted():

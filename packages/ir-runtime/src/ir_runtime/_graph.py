@@ -67,7 +67,7 @@ class Graph:
             if specs:
                 self.mesh, self.device_ids = specs[0].mesh, specs[0].mesh.device_ids
                 break
-        if self.pins is not None and REPLICATED in self.pins:
+        if self.pins is not None and any(p is REPLICATED for p in self.pins):
             everywhere = None if self.mesh is None else ShardingSpec.replicated(self.mesh)
             self.pins = tuple(everywhere if p is REPLICATED else p for p in self.pins)
 

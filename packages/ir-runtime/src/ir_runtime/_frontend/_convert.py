@@ -62,14 +62,16 @@ def movable(x: torch.Tensor) -> torch.Tensor:
     return x.detach().resolve_conj().resolve_neg()
 
 
-def host_numpy(x: torch.Tensor) -> np.ndarray:
-    """A copy of a host tensor's value as numpy, bfloat16 kept. A copy: jax places a numpy
-    array on a CPU device without copying it, and the lazy value must not change when the
-    host tensor is written afterwards."""
+def host_numpy(x: torch.Tensor, copy: bool = True) -> np.ndarray:
+    """A host tensor's value as numpy, bfloat16 kept. A copy unless ``copy=False`` (to read
+    it only): jax places a numpy array on a CPU device without copying it, and the lazy value
+    must not change when the host tensor is written afterwards."""
     host = movable(x).cpu()
     if host.dtype == torch.bfloat16:
-        return np.array(host.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
-    return np.array(host.numpy())
+        a = host.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        a = host.numpy()
+    return np.array(a) if copy else a
 
 
 def host_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:

@@ -30,10 +30,6 @@ def _logits_to_host(module, args, kwargs, out):
     return out
 
 
-def _host(x):
-    return to_torch(x) if isinstance(x, LazyTensor) else x
-
-
 def generate(model, inputs=None, **kwargs):
     """``model.generate(inputs, **kwargs)`` (a Hugging Face model moved with ``to_lazy``),
     with the forward on the lazy device and the rest on the host (module docstring).
@@ -48,13 +44,13 @@ def generate(model, inputs=None, **kwargs):
         What ``generate`` returns; its token ids lazy when ``inputs`` was lazy, else on the host.
     """
     lazy_inputs = isinstance(inputs, LazyTensor) or isinstance(kwargs.get("input_ids"), LazyTensor)
-    kwargs = {k: _host(v) for k, v in kwargs.items()}
+    kwargs = {k: to_torch(v) for k, v in kwargs.items()}
     hook = model.register_forward_hook(_logits_to_host, with_kwargs=True)
     try:
         with warnings.catch_warnings():
             # Host token ids beside a lazy model are the point here, not a mistake.
             warnings.filterwarnings("ignore", message=".*on a device type different than")
-            out = type(model).generate(model, _host(inputs), **kwargs)
+            out = type(model).generate(model, to_torch(inputs), **kwargs)
     finally:
         hook.remove()
     if not lazy_inputs:

@@ -416,7 +416,7 @@ def _array_head(a: np.ndarray) -> bytes:
 
 
 def _host_bytes(t: torch.Tensor) -> bytes:
-    return _array_bytes(np.asarray(host_numpy(t)))
+    return _array_bytes(host_numpy(t, copy=False))
 
 
 class HostGuard(_TensorGuard):
@@ -438,7 +438,7 @@ class HostGuard(_TensorGuard):
         t = self.ref()
         if t is None:
             return f"{name} was freed"  # (holds then: nothing left to read again)
-        a = np.asarray(host_numpy(t))
+        a = host_numpy(t, copy=False)
         head = _array_head(a)
         if not self.value.startswith(head) or len(self.value) != len(head) + a.nbytes:
             return f"{name} changed dtype or shape"
@@ -457,6 +457,7 @@ __all__ = [
     "ModuleGuard",
     "OptimizerGuard",
     "RequiresGradGuard",
+    "UnsetGradGuard",
     "as_runs",
     "first_failure",
 ]

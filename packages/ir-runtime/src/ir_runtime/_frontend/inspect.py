@@ -6,6 +6,7 @@ keep their meaning. They read; none of them changes a tensor, a graph or a cache
 
 from __future__ import annotations
 
+from ir_core import DeviceData
 from ir_runtime._frontend import _dispatch, _fast, _record
 from ir_runtime._frontend._tensor import LazyTensor
 
@@ -18,7 +19,7 @@ def value_of(t: LazyTensor):
 def data_of(t: LazyTensor):
     """The device array a lazy tensor holds, or None while its value is pending."""
     node = t._ir.node
-    return getattr(node, "handle", None) if type(node).__name__ == "DeviceData" else None
+    return node.handle if type(node) is DeviceData else None
 
 
 def annotation_of(t: LazyTensor):
