@@ -499,6 +499,10 @@ def freeze(lazy, opt):
     lazy[0].weight.requires_grad_(False)
 
 
+def add_key(lazy, opt):
+    opt.param_groups[0]["warmup"] = 10
+
+
 def replace_layer(lazy, opt):
     lazy[2] = irt.to_lazy(torch.nn.Linear(32, 4))  # (not optimized: the module guard names it)
 
@@ -518,6 +522,7 @@ GUARD_FAILURES = [  # (a change between calls, the failure it names)
     (set_momentum, r"^optimizer SGD's momentum changed from 0\.9 to 0\.5$"),
     (load_state, r"^optimizer SGD's state table was replaced \(load_state_dict\)$"),
     (add_group, r"^optimizer SGD has 2 parameter groups, not 1$"),
+    (add_key, r"^optimizer SGD's parameter group 0 gained warmup$"),
     (to_eval, rf"^{LINEAR} switched to eval\(\)$"),
     (freeze, rf"^{LINEAR}'s parameter 'weight' no longer requires grad$"),
     (replace_layer, r"^module Sequential's submodule '2' was replaced$"),
@@ -698,3 +703,17 @@ def test_a_guard_failing_call_after_call_is_named_and_replaying_says_so():
     for _ in range(3):
         train(irt.to_lazy(torch.ones(3)))
     assert train.replaying
+
+
+def test_an_equal_hyperparameter_set_again_still_replays():
+    """A scheduler that writes the same learning rate back (a new float object, equal) changes
+    nothing the program reads: the guard compares values, not identities."""
+    _, lazy = pair()
+    opt = torch.optim.SGD(lazy.parameters(), lr=0.1, momentum=0.9)
+    step = irt.compile_step(train_fn(lazy, opt))
+    x, y = batches(1)[0]
+    x, y = irt.to_lazy(x), irt.to_lazy(y)
+    counts, failure = fail_guard(
+        step, lambda: step(x, y), lambda: opt.param_groups[0].update(lr=float("0.1"), nesterov=0)
+    )
+    assert counts == (0, 0) and failure is None

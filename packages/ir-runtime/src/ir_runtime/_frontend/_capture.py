@@ -59,6 +59,8 @@ class CaptureWarning(UserWarning):
     """A compiled step cannot be replayed, so every call traces it; the message says why."""
 
 
+_NESTED = (tuple, list, dict)  # arguments _flatten takes apart
+_grad_enabled = torch.is_grad_enabled
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
 
 
@@ -93,13 +95,20 @@ class CompiledStep:
         return key in self._replay and self._failures.get(key, 0) < 2
 
     def __call__(self, *args, **kwargs):
-        if kwargs or any(isinstance(a, (tuple, list, dict)) for a in args):
-            leaves: list = []
+        leaves = args
+        if kwargs:
+            leaves = None
+        else:
+            for a in args:
+                if isinstance(a, _NESTED):
+                    leaves = None
+                    break
+        if leaves is None:
+            leaves = []
             structure = _flatten((args, kwargs), leaves)
         else:  # the common case: positional tensors and values
-            leaves = list(args)
             structure = _flat(len(args))
-        key = (structure, torch.is_grad_enabled(), *map(_leaf_key, range(len(leaves)), leaves))
+        key = (structure, _grad_enabled(), *map(_leaf_key, range(len(leaves)), leaves))
         self._key = key
         plan = self._replay.get(key)
         if plan is not None:

@@ -30,6 +30,7 @@ from ir_runtime._frontend._tensor import LazyTensor
 
 _ref = weakref.ref
 _NONE = object()  # a key missing from a table
+_TENSOR = object()  # a tensor hyperparameter, compared by _tensor_key
 
 
 class Guard:
@@ -130,7 +131,7 @@ class OptimizerGuard(Guard):
     """An optimizer the step stepped: its hyperparameters, its state table (the same dict, of
     the same size: ``load_state_dict`` replaces it) and each group's parameter list."""
 
-    __slots__ = ("hyper", "kind", "params", "ref", "size", "state")
+    __slots__ = ("groups", "hyper", "kind", "params", "ref", "size", "state")
 
     def __init__(self, opt):
         self.ref = _ref(opt)
@@ -139,18 +140,40 @@ class OptimizerGuard(Guard):
         self.state = opt.state
         self.size = len(opt.state)
         self.params = tuple((g["params"], len(g["params"])) for g in opt.param_groups)
+        # What holds() compares, per group: its parameter list and length, its size, and each
+        # hyperparameter (a tensor's as _hyper keys it: _TENSOR marks one), without building
+        # _hyper's tuples on every replay.
+        self.groups = tuple(
+            (
+                g["params"],
+                len(g["params"]),
+                len(g),
+                tuple(
+                    (k, _TENSOR, key) if isinstance(v, torch.Tensor) else (k, v, None)
+                    for (k, key), v in zip(h, (g[k] for k in g if k != "params"), strict=True)
+                ),
+            )
+            for g, h in zip(opt.param_groups, self.hyper, strict=True)
+        )
 
     def holds(self) -> bool:
         opt = self.ref()
         state = self.state
         if opt is None or opt.state is not state or len(state) != self.size:
             return False  # gone, or its state loaded (load_state_dict replaces the table)
-        groups, params = opt.param_groups, self.params
-        if len(groups) != len(params) or _hyper(opt) != self.hyper:
+        groups, saved = opt.param_groups, self.groups
+        if len(groups) != len(saved):
             return False
-        for group, (table, n) in zip(groups, params, strict=True):
-            if group["params"] is not table or len(table) != n:
+        for group, (table, n, size, items) in zip(groups, saved, strict=True):
+            if len(group) != size or group.get("params") is not table or len(table) != n:
                 return False
+            for k, v, key in items:
+                now = group.get(k, _NONE)
+                if v is _TENSOR:
+                    if not isinstance(now, torch.Tensor) or _tensor_key(now) != key:
+                        return False
+                elif now is not v and (isinstance(now, torch.Tensor) or now != v):
+                    return False
         return True
 
     def why(self) -> str:

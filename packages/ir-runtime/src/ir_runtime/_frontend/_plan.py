@@ -47,6 +47,8 @@ def _flat(n: int):
 
 
 def _unflatten(structure, leaves):
+    if structure is None:  # one leaf (a step's usual return: its loss)
+        return leaves[0]
     it = iter(leaves)
 
     def build(s):
@@ -64,6 +66,8 @@ def _unflatten(structure, leaves):
 
 
 def _leaf_key(k: int, x):
+    if type(x) is LazyTensor:  # the common case first
+        return (True, tuple(x.shape), x.dtype, x.requires_grad)
     if isinstance(x, torch.Tensor):
         return (type(x) is LazyTensor, tuple(x.shape), x.dtype, x.requires_grad)
     try:
@@ -126,6 +130,9 @@ class _Plan:
         self.statics: list = []  # the return value's leaves; None where a tensor goes
         self.guards: tuple = ()  # what a replay checks first, top to bottom (see _guards)
         self.checks: tuple = ()  # the same, as a replay runs it: as_runs(guards)
+        # sources and bindings zipped with what the executable says of each, on first replay
+        self._reads: tuple | None = None
+        self._writes: tuple | None = None
 
     def same_as(self, other: _Plan) -> bool:
         """Whether two traced calls did the same thing: the condition for replaying."""
@@ -162,10 +169,15 @@ class _Plan:
         if type(arrays) is _Miss:
             return arrays
         exe = self.exe
-        results = exe.results(exe.run(arrays))
+        raw = exe.run(arrays)
+        writes = self._writes
+        if writes is None:
+            writes = self._writes = tuple(
+                (kind, x, exe.out_shapes[k], exe.out_specs[k], k) for kind, x, k in self.bindings
+            )
         outputs = list(self.statics)
-        for kind, x, k in self.bindings:
-            data = results[k]
+        for kind, x, shape, spec, k in writes:
+            data = DeviceData(shape, raw[k], spec)  # as exe.results makes it, for the bound only
             if kind is _OUT:
                 outputs[x] = LazyTensor(Value(data))
             elif kind is _STATE:
@@ -187,9 +199,15 @@ class _Plan:
         when one of them is gone or holds no data of the shape traced (the last guard)."""
         arrays = []
         rng = None
-        for (kind, x), shape, sharding in zip(
-            self.sources, self.shapes, self.exe.in_shardings, strict=True
-        ):
+        reads = self._reads
+        if reads is None:
+            reads = self._reads = tuple(
+                (kind, x, shape, sharding)
+                for (kind, x), shape, sharding in zip(
+                    self.sources, self.shapes, self.exe.in_shardings, strict=True
+                )
+            )
+        for kind, x, shape, sharding in reads:
             if kind is _CONST:
                 arrays.append(x)
                 continue
