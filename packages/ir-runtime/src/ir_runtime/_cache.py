@@ -23,12 +23,19 @@ _ENV = (jax.__version__, jaxlib.__version__, os.environ.get("XLA_FLAGS", ""))
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 
+LAST_RUN: list = [None]  # the Executable that ran last
+
+
 class Executable:
     """A compiled graph: call ``run(arrays)`` with one array per parameter (in ``post_order``
-    order of the graph's DeviceData nodes)."""
+    order of the graph's DeviceData nodes); it returns one array per root, in the roots' order.
 
-    def __init__(self, g: Graph, donate: tuple, fingerprint: bytes):
-        lowering = lowered(g, donate)
+    ``donate``: the parameters (indices) whose buffers the results take over; ``order``: the
+    order the program itself returns its results in (None: the roots'), so that jax pairs
+    each donated parameter with the result meant to replace it (``_output_order``)."""
+
+    def __init__(self, g: Graph, donate: tuple, order, fingerprint: bytes):
+        lowering = lowered(g, donate, order)
         start = time.perf_counter()
         try:
             self.compiled = lowering.compile()
@@ -44,14 +51,36 @@ class Executable:
         outs = {o: o for o in self.compiled.output_shardings}
         self.in_shardings = [outs.get(s, s) for s in g.in_shardings()]
         self.out_shapes = [Shape(r.shape.dtype, r.shape.dims) for r in g.roots]
+        # The program returns its results in ``order`` (donation's pairing); run() returns
+        # them in the roots' order.
+        self._unorder = None if order is None else tuple(order.index(r) for r in range(len(order)))
+        shardings = self._roots_order(self.compiled.output_shardings)
         self.out_specs = [
             spec_from_jax(s, len(shape.dims), g.program)
-            for s, shape in zip(self.compiled.output_shardings, self.out_shapes, strict=True)
+            for s, shape in zip(shardings, self.out_shapes, strict=True)
         ]
         text = self.compiled.as_text() or ""
         self.has_collectives = any(c in text for c in _COLLECTIVES)
         self.sync = self.has_collectives and self.program.devices[0].platform == "cpu"
         self.num_nodes = len(g.order)
+
+    def _roots_order(self, outs):
+        u = self._unorder
+        return outs if u is None else [outs[j] for j in u]
+
+    def memory(self) -> dict:
+        """Device bytes per device, from XLA's analysis of the compiled program (exact, on
+        every backend): ``arguments``, ``outputs``, ``temporaries``, ``aliased`` (outputs
+        written into donated arguments) and ``peak`` (their sum, less what is aliased)."""
+        m = self.compiled.memory_analysis()
+        out = {
+            "arguments": m.argument_size_in_bytes,
+            "outputs": m.output_size_in_bytes,
+            "temporaries": m.temp_size_in_bytes,
+            "aliased": m.alias_size_in_bytes,
+        }
+        out["peak"] = out["arguments"] + out["outputs"] + out["temporaries"] - out["aliased"]
+        return out
 
     def results(self, outs) -> list[DeviceData]:
         """One ``DeviceData`` per root, holding the arrays ``run`` returned."""
@@ -62,15 +91,20 @@ class Executable:
 
     def run(self, arrays: list) -> list:
         start = time.perf_counter()
+        LAST_RUN[0] = self
         if self.sync:
             _collectives.settle()
         try:
             outs = self.compiled(*arrays)
         except Exception as e:
             raise _distributed.device_failure(e, "the program") from e
+        if self._unorder is not None:
+            outs = [outs[j] for j in self._unorder]
         _collectives.launched(outs, self.sync)
         _metrics.record("ExecuteTime", time.perf_counter() - start)
         _metrics.count("ExecuteCount")
+        if self.donate:
+            _metrics.count("DonatedBuffers", len(self.donate))
         return outs
 
 
@@ -97,7 +131,7 @@ class CompileCache:
         if not _X64[0]:
             enable_x64()
         g = Graph(roots, out_shardings)
-        donate = _donate_indices(g, donate)
+        donate = _donate_indices(g, donate)  # (indices, the order of the results)
         key = self._key(g, donate)
         fingerprint = graph_fingerprint(g.roots)
         with self._lock:
@@ -111,7 +145,7 @@ class CompileCache:
                         return exe, g
         _metrics.count("CacheMiss")
         _metrics.record("GraphNodes", len(g.order))
-        exe = Executable(g, donate, fingerprint)
+        exe = Executable(g, *donate, fingerprint)
         with self._lock:
             bucket = self._entries.get(key)
             if bucket is None:
@@ -131,16 +165,79 @@ class CompileCache:
 
 
 def _donate_indices(g: Graph, donate) -> tuple:
+    """The donated parameters' indices, and the order of the results (None: the roots')."""
+    if callable(donate):
+        candidates = [k for k, p in enumerate(g.params) if donate(p)]
+        pairs = _aliasable(g, candidates, getattr(donate, "replaces", {}))
+        return tuple(k for k, _ in pairs), _output_order(pairs, len(g.roots))
     donate = list(donate)
     if not donate:
-        return ()
+        return (), None
     position = {id(p): k for k, p in enumerate(g.params)}
     out = []
     for d in donate:
         if id(d) not in position:
             raise LoweringError(f"cannot donate {d!r}: it is not a parameter of this graph")
         out.append(position[id(d)])
-    return tuple(sorted(set(out)))
+    return tuple(sorted(set(out))), None
+
+
+def _aliasable(g: Graph, candidates: list, replaces: dict) -> tuple:
+    """``(parameter index, root index)`` for each of the ``candidates`` (parameter indices)
+    whose buffer a result can take over: one of the same shape, dtype and sharding (or one
+    whose sharding XLA chooses). The result that replaces it (``replaces``: id of a
+    parameter -> root index, what the caller knows) first; else any such result left. A
+    parameter no result can take is left out: donating it would free nothing, and jax would
+    warn that it was not usable."""
+    if not candidates:
+        return ()
+    ins, outs = g.in_shardings(), g.out_shardings()
+    roots = g.roots
+
+    def fits(k, r) -> bool:
+        p, root = g.params[k], roots[r]
+        return (
+            p.shape.dims == root.shape.dims
+            and p.shape.dtype == root.shape.dtype
+            and (outs[r] is None or outs[r] == ins[k])
+        )
+
+    pairs, taken, left = [], set(), []
+    for k in candidates:
+        r = replaces.get(id(g.params[k]))
+        if r is not None and r not in taken and fits(k, r):
+            pairs.append((k, r))
+            taken.add(r)
+        else:
+            left.append(k)
+    free: dict = {}  # (dims, dtype) -> the roots of that shape not yet paired
+    for r, root in enumerate(roots):
+        if r not in taken:
+            free.setdefault((root.shape.dims, root.shape.dtype), []).append(r)
+    for exact in (True, False):  # results of the parameter's own sharding first
+        rest = []
+        for k in left:
+            p = g.params[k]
+            pool = free.get((p.shape.dims, p.shape.dtype), ())
+            for i, r in enumerate(pool):
+                if fits(k, r) and (outs[r] is not None) is exact:
+                    pairs.append((k, pool.pop(i)))
+                    break
+            else:
+                rest.append(k)
+        left = rest
+    return tuple(sorted(pairs))
+
+
+def _output_order(pairs: tuple, n: int):
+    """The order the program returns its ``n`` results in, so that jax's pairing (each result
+    takes the first donated parameter of its shape left) gives each result the parameter
+    ``pairs`` gives it: the paired results first, by parameter, then the others. None when
+    that is the roots' own order."""
+    first = [r for _, r in pairs]  # (pairs are sorted by parameter)
+    paired = set(first)
+    order = tuple(first + [r for r in range(n) if r not in paired])
+    return None if order == tuple(range(n)) else order
 
 
 CACHE = CompileCache()

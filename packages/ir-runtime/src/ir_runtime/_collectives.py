@@ -39,6 +39,11 @@ def launched(outs, collective: bool) -> None:
     _distributed.STATE.launched += 1
 
 
+def references(a) -> int:
+    """How many references this module keeps to the array ``a`` (0, 1 or 2)."""
+    return (a is _IN_FLIGHT[0]) + (a is _LAST[0])
+
+
 def wait_device_ops() -> None:
     """Wait until the programs launched so far have finished (torch_xla's
     ``xm.wait_device_ops``): programs run in launch order, so waiting for the last is enough.

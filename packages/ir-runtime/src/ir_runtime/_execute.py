@@ -97,6 +97,4 @@ def run_graph(roots, donate=(), out_shardings=None):
     ``arrays`` are the placed parameter buffers (in ``graph.params`` order)."""
     exe, g = CACHE.get(roots, donate, out_shardings)
     arrays = [place(p, s) for p, s in zip(g.params, exe.in_shardings, strict=True)]
-    if exe.donate:
-        _metrics.count("DonatedBuffers", len(exe.donate))
     return exe.results(exe.run(arrays)), exe, g, arrays

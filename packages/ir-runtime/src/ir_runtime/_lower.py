@@ -67,10 +67,11 @@ def lower_node(n, operands, program):
     return tuple(checked)
 
 
-def function(g: Graph):
+def function(g: Graph, out_order=None):
     """The graph as a function of its parameters' arrays (in ``g.params`` order), after the
-    rewrite rules. It closes over the nodes, so it is used only to trace and then dropped: the
-    cache keeps compiled programs, not graphs."""
+    rewrite rules, returning the roots' results (in ``out_order``, when given). It closes over
+    the nodes, so it is used only to trace and then dropped: the cache keeps compiled
+    programs, not graphs."""
     params, program = g.params, g.program
     roots = rewrite(g.roots, g.order)
     order = g.order if roots is g.roots else post_order(roots)
@@ -80,18 +81,21 @@ def function(g: Graph):
         for n in order:
             if type(n) is not DeviceData:
                 env[id(n)] = lower_node(n, [env[id(v.node)][v.index] for v in n.operands], program)
-        return tuple(env[id(r.node)][r.index] for r in roots)
+        outs = [env[id(r.node)][r.index] for r in roots]
+        return tuple(outs if out_order is None else (outs[k] for k in out_order))
 
     return run
 
 
-def lowered(g: Graph, donate: tuple = ()):
-    """``jax.jit`` of the graph's function, lowered for its parameters' shapes and shardings."""
+def lowered(g: Graph, donate: tuple = (), order=None):
+    """``jax.jit`` of the graph's function, lowered for its parameters' shapes and shardings;
+    ``order``: the order it returns the roots' results in (None: theirs)."""
+    outs = g.out_shardings()
     with _metrics.timed("LowerTime"):
         fn = jax.jit(
-            function(g),
+            function(g, order),
             in_shardings=g.in_shardings(),
-            out_shardings=tuple(g.out_shardings()),
+            out_shardings=tuple(outs if order is None else (outs[k] for k in order)),
             donate_argnums=donate,
             keep_unused=True,
         )

@@ -64,6 +64,17 @@ _grad_enabled = torch.is_grad_enabled
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
 
 
+def _data_nodes(leaves) -> list:
+    """Each argument's data node (None for a host value), the caller's pending work run first.
+    No local outlives it holding a node: a replay counts who references an argument's data."""
+    nodes = [leaf._ir.node if isinstance(leaf, LazyTensor) else None for leaf in leaves]
+    if any(n is not None and type(n) is not DeviceData for n in nodes):
+        nodes = None
+        _step.mark_step()
+        return _data_nodes(leaves)
+    return nodes
+
+
 class CompiledStep:
     """A step function traced on its first calls, then replayed (see ``compile_step``).
 
@@ -112,16 +123,7 @@ class CompiledStep:
         self._key = key
         plan = self._replay.get(key)
         if plan is not None:
-            nodes = []
-            for leaf in leaves:
-                node = None
-                if isinstance(leaf, LazyTensor):
-                    node = leaf._ir.node
-                    if type(node) is not DeviceData:
-                        _step.mark_step()  # the caller's pending work first
-                        node = leaf._ir.node
-                nodes.append(node)
-            out = plan.replay(leaves, nodes)
+            out = plan.replay(leaves, _data_nodes(leaves))
             if type(out) is not _Miss:
                 self._failures[key] = 0
                 return out

@@ -9,6 +9,7 @@ result trees (nested tuples, lists, dicts and named tuples of tensors and values
 from __future__ import annotations
 
 import functools
+from sys import getrefcount
 
 import jax
 import numpy as np
@@ -18,7 +19,7 @@ from ir_core import DeviceData, Value
 from ir_runtime import _metrics
 from ir_runtime._data import fetch, put
 from ir_runtime._execute import place
-from ir_runtime._frontend import _rng
+from ir_runtime._frontend import _rng, _step
 from ir_runtime._frontend._convert import host_numpy
 from ir_runtime._frontend._guards import _array_bytes, _tensor_name, first_failure
 from ir_runtime._frontend._tensor import LazyTensor
@@ -201,13 +202,15 @@ class _Plan:
         rng = None
         reads = self._reads
         if reads is None:
+            donated = set(self.exe.donate)
             reads = self._reads = tuple(
-                (kind, x, shape, sharding)
-                for (kind, x), shape, sharding in zip(
-                    self.sources, self.shapes, self.exe.in_shardings, strict=True
+                (kind, x, shape, sharding, k in donated)
+                for k, ((kind, x), shape, sharding) in enumerate(
+                    zip(self.sources, self.shapes, self.exe.in_shardings, strict=True)
                 )
             )
-        for kind, x, shape, sharding in reads:
+        copies = None
+        for kind, x, shape, sharding, donated in reads:
             if kind is _CONST:
                 arrays.append(x)
                 continue
@@ -215,24 +218,46 @@ class _Plan:
                 t = _alive(x)
                 if t is None:
                     return _Miss(_unreadable(kind, x, None, shape))
+                shared = donated and not _sole(t, 0)
                 node = t._ir.node
             elif kind is _ARG:
                 leaf = leaves[x]
-                node = replayable_args[x]
-                if node is None:  # a host tensor: placed straight from its memory
+                if replayable_args[x] is None:  # a host tensor: placed straight from its memory
                     _metrics.count("TransferToDevice")
                     arrays.append(put(host_numpy(leaf), sharding))
                     continue
+                shared = donated and not _sole(leaf, 1)  # (replayable_args holds its node)
+                node = replayable_args[x]
             else:  # _RNG: drawn last, once nothing can send the call back to tracing
                 rng = len(arrays)
                 arrays.append(sharding)
                 continue
             if type(node) is not DeviceData or node.shape != shape:
                 return _Miss(_unreadable(kind, x, node, shape))
+            if shared:  # donated, yet still read elsewhere: the program takes a copy
+                if copies is None:
+                    copies = []
+                copies.append(len(arrays))
             arrays.append(place(node, sharding))
+        for k in copies or ():
+            _metrics.count("DonationCopies")
+            arrays[k] = jax.device_put(arrays[k], may_alias=False)
         if rng is not None:
             arrays[rng] = place(_rng._key()[0].node, arrays[rng])
         return arrays
+
+
+def _sole(t: LazyTensor, extra: int) -> bool:
+    """Whether ``t`` alone holds its data, so a program may take its buffer over: nothing else
+    references its value, that value's node or the node's array (a detached copy, a view, a
+    pending op reading it, an array handed out). ``extra``: references to the node that the
+    caller holds itself."""
+    v = t._ir
+    # getrefcount counts its own argument and this frame's local, besides the holder's.
+    if getrefcount(v) != 3:
+        return False
+    n = v.node
+    return type(n) is DeviceData and getrefcount(n) == 3 + extra and _step.private(n)
 
 
 def _alive(refs):

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
+import jax
+import numpy as np
 import torch
 import torch._lazy
 
 from ir_core import DeviceData, post_order
 from ir_runtime import _metrics
-from ir_runtime._collectives import wait_device_ops
+from ir_runtime._collectives import references, wait_device_ops
 from ir_runtime._data import fetch
 from ir_runtime._execute import run_graph
 from ir_runtime._frontend import _rng
@@ -45,13 +49,59 @@ def _pin(tensors):
     return roots, seen, pins
 
 
-def run(tensors):
-    """Run the graph of ``tensors`` and bind each to its result; returns ``run_graph``'s
-    ``(results, executable, graph, arrays)`` and each tensor's root index."""
+# Whether steps donate buffers; IR_RUNTIME_DONATE=0 turns it off (torch_xla's
+# XLA_ENABLE_PARAM_ALIASING=0), to compare or to rule it out.
+DONATE = [os.environ.get("IR_RUNTIME_DONATE", "1") != "0"]
+
+
+class Donor:
+    """Which parameters of a step's graph give their buffers to its results (XLA then writes
+    the new values in place, as torch_xla aliases a parameter to its update): those whose data
+    nothing can read once the step has run. The step rebinds every tensor it computes, so its
+    old data is left to whatever else holds it: a live tensor still holding that data (a
+    detached copy, a tensor the step only reads, a batch), a live pending tensor the step does
+    not compute whose graph reads it (``held``, by node), or anyone holding the array itself
+    (``private``). Host data is placed afresh each step, so its device copy is the program's
+    own, except a scalar's: placed once and reused (``_execute.place``). A callable for
+    ``run_graph``'s ``donate``; only what a result can take over is donated (``_cache``)."""
+
+    __slots__ = ("held", "only", "replaces")
+
+    def __init__(self, held: set, only=None, replaces=None):
+        self.held = held  # ids of the DeviceData nodes something still reads
+        self.only = only  # None, or the ids of the nodes that may be donated at all
+        # id of the data a tensor held -> the root of its new value: which result is to take
+        # over which buffer (_cache pairs them; a wrong pair costs XLA a copy)
+        self.replaces = replaces or {}
+
+    def __call__(self, p: DeviceData) -> bool:
+        pid = id(p)
+        if pid in self.held or (self.only is not None and pid not in self.only):
+            return False
+        if isinstance(p.handle, jax.Array):
+            return private(p)
+        return isinstance(p.handle, np.ndarray) and p.handle.ndim > 0
+
+
+def private(p: DeviceData) -> bool:
+    """Whether only the node ``p`` holds its array (besides the runtime's own note of the last
+    program's result): no one else could read it once donated."""
+    # getrefcount's count: the node's handle, and getrefcount's own argument.
+    return sys.getrefcount(p.handle) - 2 == references(p.handle)
+
+
+def run(tensors, held: set, only=None):
+    """Run the graph of ``tensors`` and bind each to its result, donating what ``Donor(held,
+    only)`` allows; returns ``run_graph``'s ``(results, executable, graph, arrays)`` and each
+    tensor's root index."""
     roots, position, pins = _pin(tensors)
-    ran = run_graph(roots, out_shardings=pins)
-    results = ran[0]
     where = [position[(id(t._ir.node), t._ir.index)] for t in tensors]
+    donate = ()
+    if DONATE[0]:
+        replaces = {t._held: k for t, k in zip(tensors, where, strict=True) if t._held}
+        donate = Donor(held, only, replaces)
+    ran = run_graph(roots, donate=donate, out_shardings=pins)
+    results = ran[0]
     for t, k in zip(tensors, where, strict=True):
         t._bind(results[k])
     return ran, where
@@ -71,11 +121,11 @@ def mark_step() -> None:
     if _last_step_end[0] is not None:
         # Host time between two steps: recording the step (and whatever else the loop does).
         _metrics.record("TraceTime", start - _last_step_end[0])
-    tensors = [t for t in live() if pending(t)]
+    tensors, held = split_live()
     _rng.next_step()
     if tensors:
         with _metrics.timed("MarkStepTime"):
-            run(tensors)
+            run(tensors, held)
     _last_step_end[0] = time.perf_counter()
 
 
@@ -85,17 +135,33 @@ def materialize(t: LazyTensor) -> DeviceData:
     cost, and no later read or step runs that history again (a decoding loop that reads a
     stopping flag per token runs one token's program per read, not everything so far)."""
     if pending(t):
-        tensors = _sharing(t)
+        busy, held = split_live()
+        tensors = _sharing(t, busy)
         _metrics.count("HostRead")
         _metrics.count("HostReadTensors", len(tensors))
-        run(tensors)
+        if len(tensors) < len(busy):  # what the others will still read is not donated
+            chosen = {id(u) for u in tensors}
+            rest = [u._ir for u in busy if id(u) not in chosen]
+            held.update(id(n) for n in post_order(rest) if type(n) is DeviceData)
+        run(tensors, held)
     return t._ir.node
 
 
-def _sharing(t: LazyTensor) -> list:
-    """``t`` and the live pending tensors whose graphs share a computed node with ``t``'s,
-    oldest first (as mark_step orders them)."""
-    busy = [u for u in live() if pending(u)]
+def split_live() -> tuple[list, set]:
+    """The live pending tensors, oldest first, and the ids of the data the others hold."""
+    busy, held = [], set()
+    for t in live():
+        n = t._ir.node
+        if type(n) is DeviceData:
+            held.add(id(n))
+        else:
+            busy.append(t)
+    return busy, held
+
+
+def _sharing(t: LazyTensor, busy: list) -> list:
+    """``t`` and those of the live pending tensors ``busy`` whose graphs share a computed node
+    with ``t``'s, oldest first (as mark_step orders them)."""
     if len(busy) == 1:
         return busy
     # Shared computed nodes only: data leaves (parameters, the random key, lifted scalars, one

@@ -45,6 +45,9 @@ class LazyTensor(torch.Tensor):
     # alias holds a weak reference to its base.
     _view = None
     _views = None  # weak references to the views made of it: a write must refresh them
+    # id of the DeviceData it last held (0: none), which a step's result for it may take the
+    # buffer of (_step.Donor): only ever compared with the ids of nodes alive in that step
+    _held = 0
 
     @staticmethod
     def __new__(cls, value: Value, requires_grad: bool = False):
@@ -56,6 +59,7 @@ class LazyTensor(torch.Tensor):
         t._ir = value
         if type(value.node) is DeviceData:
             t._placed = value.node.sharding
+            t._held = id(value.node)
         _track(t)
         return t
 
@@ -80,6 +84,7 @@ class LazyTensor(torch.Tensor):
             self._spec = None
         if type(value.node) is DeviceData:
             self._placed = value.node.sharding
+            self._held = id(value.node)
 
     def __repr__(self, *, tensor_contents=None):
         return f"{self.detach().cpu()!r} (on {DEVICE})"
@@ -93,6 +98,7 @@ class LazyTensor(torch.Tensor):
         """The tensor now holds ``data`` (a step's result, or data placed for it)."""
         self._ir = Value(data)
         self._placed = data.sharding
+        self._held = id(data)
 
     def _annotate(self, spec) -> None:
         """The user's sharding for this tensor (None: none)."""

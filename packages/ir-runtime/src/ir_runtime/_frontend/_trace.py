@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections import Counter
+from sys import getrefcount
 
 import torch
 import torch.nn.modules.module as _module
@@ -145,6 +147,26 @@ class _Entry:
             )
 
 
+    def held(self) -> set:
+        """Ids of the data nodes that tensors holding data still hold, leaving out the tensors
+        only this entry keeps alive (a ``.grad`` that ``zero_grad()`` dropped during the call):
+        once the call is analysed nothing can read those, so their data may be donated."""
+        # (a comprehension: no loop name left holding the last gradient)
+        grads = Counter(id(g) for g in self.grads.values() if g is not None)
+        out = set()
+        for t in live():
+            n = t._ir.node
+            if type(n) is not DeviceData:
+                continue
+            tid = id(t)
+            # The entry's references: its tensor list, its holders list, each .grad it noted.
+            mine = 2 + grads.get(tid, 0) if tid in self.nodes else 0
+            # getrefcount's: live()'s list, this loop's name, its own argument.
+            if getrefcount(t) - 3 > mine:
+                out.add(id(n))
+        return out
+
+
 def _call(fn, structure, lazy: list, plan: _Plan):
     """Run ``fn`` on the lazy arguments, noting the optimizers it steps, the modules it calls
     and the host tensors its program reads; ``plan`` gets the result's structure and reasons
@@ -248,7 +270,10 @@ def _program(plan: _Plan, entry: _Entry, pending, roles, host_reads) -> list:
     # A gradient at entry -> the tensor it is the .grad of.
     grad_owner = {id(g): t for t in entry.tensors if (g := entry.grads.get(id(t))) is not None}
     grad_reads, requires, hosts = [], [], []
-    (_, exe, g, arrays), where = _step.run(pending)
+    # Donated: what a replay reads from a tensor (or an argument) the step rebinds, never a
+    # constant the plan keeps to pass again.
+    only = holders.keys() | arg_nodes.keys()
+    (_, exe, g, arrays), where = _step.run(pending, entry.held(), only)
     plan.exe = exe
     for p, a in zip(g.params, arrays, strict=True):
         plan.shapes.append(p.shape)

@@ -7,6 +7,7 @@ keep their meaning. They read; none of them changes a tensor, a graph or a cache
 from __future__ import annotations
 
 from ir_core import DeviceData
+from ir_runtime._cache import LAST_RUN
 from ir_runtime._frontend import _dispatch, _fast, _record
 from ir_runtime._frontend._tensor import LazyTensor
 
@@ -25,6 +26,11 @@ def data_of(t: LazyTensor):
 def annotation_of(t: LazyTensor):
     """The sharding the user annotated on ``t`` (``mark_sharding``), or None."""
     return t._spec
+
+
+def last_executable():
+    """The ``Executable`` that ran last (a step's program: its ``donate``, its ``memory()``)."""
+    return LAST_RUN[0]
 
 
 def live_tensors() -> list:
