@@ -43,3 +43,30 @@ def test_a_hugging_face_model_trains_under_compile_step_and_replays(make):
     assert compiled.replaying, compiled.reason or compiled.last_guard_failure
     assert (counters["StepTraced"], counters["StepReplay"]) == (3, 2)
     assert counters.get("StepGuardFailed", 0) == 0
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_gradient_checkpointing_of_a_hugging_face_model_equals_eager(reentrant):
+    """``gradient_checkpointing_enable()``: transformers calls torch's checkpoint per decoder
+    layer (imported before ir_runtime installed itself); losses and gradients as eager's."""
+    eager = llama().train()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    for m in (eager, lazy):
+        m.gradient_checkpointing_enable({"use_reentrant": reentrant})
+    ids = torch.randint(1, 96, (4, 8), generator=torch.Generator().manual_seed(0))
+    want = hf_models.loss_of(eager, ids, None)
+    want.backward()
+    got = hf_models.loss_of(lazy, irt.to_lazy(ids), None)
+    got.backward()
+    first = lazy.model.layers[0].self_attn.q_proj.weight.grad
+    assert "optimization_barrier" in irt.dump(first, "stablehlo")  # recomputed, behind it
+    irt.mark_step()
+    torch.testing.assert_close(irt.to_torch(got), want.detach(), rtol=1e-5, atol=1e-6)
+    for (name, p_l), p_e in zip(lazy.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(
+            irt.to_torch(p_l.grad),
+            p_e.grad,
+            rtol=1e-4,
+            atol=1e-6,
+            msg=lambda m, n=name: f"{n}: {m}",
+        )

@@ -20,6 +20,7 @@ from ir_runtime._data import GatherWarning, to_device, to_host
 from ir_runtime._devices import devices, init
 from ir_runtime._distributed import process_count, process_index
 from ir_runtime._errors import (
+    CheckpointError,
     CompileError,
     DeviceCountError,
     DistributedError,
@@ -60,6 +61,7 @@ def supported_ops() -> list[str]:
 __all__ = [
     "CACHE",
     "CaptureWarning",
+    "CheckpointError",
     "CompileError",
     "CompiledStep",
     "DTypeError",

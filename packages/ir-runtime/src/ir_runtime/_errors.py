@@ -31,3 +31,7 @@ class DTypeError(RuntimeIRError, TypeError):
 
 class DistributedError(RuntimeIRError, RuntimeError):
     """Bad arguments for a run across processes, or joining one at the wrong time."""
+
+
+class CheckpointError(RuntimeIRError, RuntimeError):
+    """A checkpointed function the lazy device cannot recompute as it ran (a host read)."""

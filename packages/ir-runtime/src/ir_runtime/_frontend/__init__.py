@@ -3,9 +3,11 @@
 Importing it installs it into torch, once (``install``): the Lazy dispatch key's kernels
 (``torch.zeros(3, device="lazy")``), ``lazy`` among the devices torch's optimizers accept for
 ``capturable=True``, ``torch.manual_seed`` counted (a reseed restarts the lazy random stream),
-``torch._lazy.mark_step`` / ``wait_device_ops`` running this package's, and ``torch.autocast``
-accepting ``device_type="lazy"`` to turn autocast off (``_autocast``). ``import
-ir_runtime`` alone does none of it: the first use of a front-end name does.
+``torch._lazy.mark_step`` / ``wait_device_ops`` running this package's, ``torch.autocast``
+accepting ``device_type="lazy"`` (``_autocast``), and ``torch.utils.checkpoint`` recomputing
+behind an optimization barrier, with ``torch.lazy`` as the device module its RNG helpers use
+(``_checkpoint``). ``import ir_runtime`` alone does none of it: the first use of a front-end
+name does.
 
 Modules, lowest first (each imports only those above it):
 ``_convert`` (dtypes, host arrays) -> ``_tensor`` (the type, the live registry, placement) ->
@@ -18,6 +20,7 @@ to_torch) -> ``_api`` -> the handlers (``_handlers``, ``_samplers``, ``_dynamic`
 from ir_runtime._dtypes import enable_x64
 from ir_runtime._frontend import (
     _autocast,
+    _checkpoint,
     _dynamic,  # noqa: F401  (ops with data-dependent shapes)
     _factories,
     _generate,  # noqa: F401
@@ -53,6 +56,7 @@ def install() -> None:
         return
     enable_x64()
     _autocast.install()
+    _checkpoint.install()
     _factories.install()
     _optim.install()
     _rng.install()

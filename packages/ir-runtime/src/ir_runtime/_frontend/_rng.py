@@ -38,11 +38,17 @@ def install() -> None:
     torch.random.manual_seed = _manual_seed
 
 
-def _key() -> tuple[Value, int]:
+def sync() -> None:
+    """The stream restarted if torch was reseeded since it last drew (also in the middle of a
+    step), as torch's does."""
     seed = torch.initial_seed()
     if seed != _state["seed"] or _seedings[0] != _state["seedings"]:
-        # Reseeded (also in the middle of a step): the stream starts again, as torch's does.
         _state.update(seed=seed, seedings=_seedings[0], step=0, offset=0, key=None)
+
+
+def _key() -> tuple[Value, int]:
+    sync()
+    seed = _state["seed"]
     if _state["key"] is None:
         data = np.array([seed & 0xFFFFFFFF, _state["step"] & 0xFFFFFFFF], dtype=np.uint32)
         _state["key"] = Value(DeviceData(Shape("uint32", (2,)), handle=data))

@@ -146,7 +146,6 @@ class _Entry:
                 "which a replay of another call's argument cannot follow"
             )
 
-
     def held(self) -> set:
         """Ids of the data nodes that tensors holding data still hold, leaving out the tensors
         only this entry keeps alive (a ``.grad`` that ``zero_grad()`` dropped during the call):

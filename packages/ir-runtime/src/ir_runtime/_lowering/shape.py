@@ -1,5 +1,5 @@
 """Shape and layout: reshape, permute, expand, squeeze, slice, select, concat, pad, flip, and
-tensors built from attributes alone (constants, full, arange)."""
+tensors built from attributes alone (constants, full, arange); the optimization barrier."""
 
 from __future__ import annotations
 
@@ -300,3 +300,10 @@ def _logspace(node):
     a = node.attrs
     exponents = _spaced(float(a["start"]), float(a["end"]), a["steps"])
     return jnp.power(float(a["base"]), jnp.asarray(exponents)).astype(out_dtype(node))
+
+
+@register("ir::optimization_barrier")
+def _optimization_barrier(node, *xs):
+    """The operands unchanged, as values XLA may neither see through nor compute before all of
+    them exist (activation checkpointing's recompute)."""
+    return tuple(lax.optimization_barrier(tuple(xs)))
