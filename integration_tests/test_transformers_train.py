@@ -70,3 +70,21 @@ def test_gradient_checkpointing_of_a_hugging_face_model_equals_eager(reentrant):
             atol=1e-6,
             msg=lambda m, n=name: f"{n}: {m}",
         )
+
+
+def test_a_hugging_face_model_under_bfloat16_autocast_is_eager_autocasts():
+    eager = llama().train()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids = torch.randint(1, 96, (4, 8), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for model, dev, x in ((eager, "cpu", ids), (lazy, "lazy", irt.to_lazy(ids))):
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            loss = hf_models.loss_of(model, x, None)
+        loss.backward()
+        losses.append(loss)
+    irt.mark_step()
+    assert losses[1].dtype == losses[0].dtype == torch.float32
+    torch.testing.assert_close(irt.to_torch(losses[1]), losses[0].detach(), rtol=1e-2, atol=1e-2)
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        assert p_l.grad.dtype == torch.float32
+        torch.testing.assert_close(irt.to_torch(p_l.grad), p_e.grad, rtol=5e-2, atol=5e-3)

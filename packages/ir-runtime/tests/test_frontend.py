@@ -676,20 +676,3 @@ def test_a_decoding_loop_runs_one_tokens_program_per_read():
     counters = irt.metrics()["counters"]
     assert (counters["CompileCount"], counters["CacheHit"]) == (1, 5)  # one program, reused
     assert counters["HostReadTensors"] == 12  # each read: the flag and the new state
-
-
-def test_autocast_can_be_turned_off_on_the_lazy_device():
-    """Hugging Face models turn autocast off around their rotary embeddings with
-    torch.autocast(device_type=x.device.type, enabled=False); on the lazy device that is a
-    region like any other. Turning it on is refused, by name."""
-    x = irt.to_lazy(torch.arange(3.0))
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        y = x * 2.0
-    assert torch.equal(irt.to_torch(y), torch.arange(3.0) * 2)
-    with pytest.raises(irt.UnsupportedOpError, match=r"autocast\(device_type='lazy'\)"):
-        with torch.autocast(device_type="lazy", dtype=torch.bfloat16):
-            pass
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # CPU autocast is torch's own
-        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
-        with torch.autocast(device_type="lazy", enabled=False):  # changes nothing on the host
-            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
