@@ -243,3 +243,34 @@ def test_each_result_takes_the_buffer_it_replaces_as_jax_would():
     assert ours["aliased"] == m.alias_size_in_bytes > 0
     # (within a few scalars' bytes; a wrong pairing copies whole weights, 32 KiB each here)
     assert ours["temporaries"] <= m.temp_size_in_bytes + 1024
+
+
+@pytest.mark.parametrize("reader", ["copy", "pending"])
+def test_an_annotation_never_leaves_two_nodes_sharing_a_buffer(reader):
+    """mark_sharding of held data makes a new node for the tensor; jax would place one
+    device's data replicated by reusing that buffer, and donating the new node's would then
+    destroy what the old one (a copy, a pending op) still reads, or donate it twice."""
+    ref = torch.arange(64.0).reshape(8, 8)
+    w = irt.to_lazy(ref.clone())
+    irt.mark_step()
+    kept = w.detach().clone() if reader == "copy" else w + 0
+    irt.mark_sharding(w, MESH, (None, None))
+    w.mul_(2)
+    irt.mark_step()
+    np.testing.assert_array_equal(irt.to_torch(kept).numpy(), ref.numpy())
+    np.testing.assert_array_equal(irt.to_torch(w).numpy(), 2 * ref.numpy())
+
+
+def test_a_view_taken_outside_follows_a_replayed_step():
+    w = irt.to_lazy(torch.arange(4.0))
+    irt.mark_step()
+    def halve():
+        w.mul_(0.5)
+
+    step = irt.compile_step(halve)
+    for _ in range(3):
+        step()
+    v = w[1:]
+    step()
+    assert step.replaying
+    np.testing.assert_array_equal(irt.to_torch(v).numpy(), np.arange(1.0, 4.0) / 16)

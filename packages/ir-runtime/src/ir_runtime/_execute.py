@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ir_core import DeviceData
@@ -20,8 +21,11 @@ _EQUIVALENT = Bounded(1024)
 _SCALARS = Bounded(4096)
 
 
-def reshard(h, sharding):
-    """``h`` moved to ``sharding`` by jax, once no collective program is running."""
+def reshard(h, sharding, copy: bool = False):
+    """``h`` moved to ``sharding`` by jax, once no collective program is running. jax reuses
+    the buffers when the two shardings place the array alike; ``copy`` makes new ones, for a
+    result that must not share them with ``h`` (a buffer one node may donate while another
+    still reads it)."""
     settle()
     if (
         isinstance(h, jax.Array)
@@ -31,7 +35,16 @@ def reshard(h, sharding):
         # Across processes jax moves arrays only between shardings over the same devices: a
         # process-local array (a parameter before its first step) goes through the host.
         return put(np.asarray(h), sharding)
-    return jax.device_put(h, sharding)
+    out = jax.device_put(h, sharding)
+    if copy and isinstance(h, jax.Array) and _buffers(out) & _buffers(h):
+        # (device_put keeps a shard's buffer even with may_alias=False: one device's data,
+        # replicated over a mesh that includes it)
+        out = jnp.copy(out)
+    return out
+
+
+def _buffers(a: jax.Array) -> set:
+    return {s.data.unsafe_buffer_pointer() for s in a.addressable_shards}
 
 
 def place(p: DeviceData, sharding):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import torch
 
 from ir_core import DeviceData, Shape, Value, dump_dot, dump_text, relink
@@ -74,7 +73,9 @@ def _relink_annotated(t: LazyTensor, spec) -> None:
             handle = node.handle
             placed = handle
             if handle is not None:
-                placed = reshard(handle, spec.to_jax())
+                # Never the old buffers under a new array: the old node may still be read (a
+                # copy of the tensor, a pending op) after this one's data is donated.
+                placed = reshard(handle, spec.to_jax(), copy=True)
             new = DeviceData(node.shape, handle=placed, sharding=spec)
         t._bind(new)
         return

@@ -23,6 +23,7 @@ from ir_runtime._frontend import _rng, _step
 from ir_runtime._frontend._convert import host_numpy
 from ir_runtime._frontend._guards import _array_bytes, _tensor_name, first_failure
 from ir_runtime._frontend._tensor import LazyTensor
+from ir_runtime._frontend._views import write_through
 
 # ---------------------------------------------------------------------------------------------
 # Arguments and results: nested tuples, lists, dicts and named tuples of tensors and values.
@@ -185,12 +186,16 @@ class _Plan:
                 t = x()
                 if t is not None:
                     t._bind(data)
+                    if t._views:  # views taken outside the step follow it, as in eager
+                        write_through(t)
             elif kind is _GRAD:
                 t = x()
                 if t is not None:
                     t.grad = LazyTensor(Value(data))
             elif kind is _ARG:  # the caller's lazy tensor, written by the step
                 leaves[x]._bind(data)
+                if leaves[x]._views:
+                    write_through(leaves[x])
         _rng.next_step()
         _metrics.count("StepReplay")
         return _unflatten(self.structure, outputs)

@@ -160,8 +160,10 @@ class _Entry:
             tid = id(t)
             # The entry's references: its tensor list, its holders list, each .grad it noted.
             mine = 2 + grads.get(tid, 0) if tid in self.nodes else 0
-            # getrefcount's: live()'s list, this loop's name, its own argument.
-            if getrefcount(t) - 3 > mine:
+            # getrefcount's: live()'s list, this loop's name, its own argument. Anything but
+            # exactly those (more, or fewer than this count expects) holds the data: a count
+            # that is off never lets data someone holds be donated.
+            if getrefcount(t) - 3 != mine:
                 out.add(id(n))
         return out
 

@@ -18,7 +18,10 @@ def value_of(t: LazyTensor):
 
 
 def data_of(t: LazyTensor):
-    """The device array a lazy tensor holds, or None while its value is pending."""
+    """The device array a lazy tensor holds, or None while its value is pending. Held, it
+    keeps its buffers from being donated; an array derived from it in jax (a shard's
+    ``.data``, a ``device_put`` that reuses the buffers) does not, and is valid only until the
+    step that replaces the tensor's data."""
     node = t._ir.node
     return node.handle if type(node) is DeviceData else None
 
