@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import torch
 
 from ir_core import DeviceData, Shape, Value, dump_dot, dump_text, relink
