@@ -264,6 +264,7 @@ def test_an_annotation_never_leaves_two_nodes_sharing_a_buffer(reader):
 def test_a_view_taken_outside_follows_a_replayed_step():
     w = irt.to_lazy(torch.arange(4.0))
     irt.mark_step()
+
     def halve():
         w.mul_(0.5)
 

@@ -96,6 +96,7 @@ __all__ = [
     "process_local_slices",
     "register_lowering",
     "reset_metrics",
+    "scan_layers",
     "supported_ops",
     "to_device",
     "to_host",

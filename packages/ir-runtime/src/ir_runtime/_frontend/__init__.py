@@ -14,7 +14,8 @@ Modules, lowest first (each imports only those above it):
 ``_meta`` (shape inference) -> ``_record`` (plans, the one preparation, ``record``) -> ``_views``
 (writes in place) -> ``_dispatch`` (routing, ``@special``) -> ``_rng`` -> ``_step`` (mark_step,
 to_torch) -> ``_api`` -> the handlers (``_handlers``, ``_samplers``, ``_dynamic``,
-``_factories``, ``_optim``) -> ``_capture`` (compile_step).
+``_factories``, ``_optim``) -> ``_capture`` (compile_step); beside them ``_checkpoint``,
+``_autocast``, ``_scan`` (scan_layers), ``_generate``, ``_loader``.
 """
 
 from ir_runtime._dtypes import enable_x64
@@ -44,6 +45,7 @@ from ir_runtime._frontend._api import (  # noqa: F401
 from ir_runtime._frontend._capture import CaptureWarning, CompiledStep, compile_step  # noqa: F401
 from ir_runtime._frontend._generate import generate  # noqa: F401
 from ir_runtime._frontend._loader import ShardedLoader  # noqa: F401
+from ir_runtime._frontend._scan import scan_layers  # noqa: F401
 from ir_runtime._frontend._step import mark_step, to_torch  # noqa: F401
 from ir_runtime._frontend._tensor import LazyTensor  # noqa: F401
 

@@ -1,0 +1,105 @@
+"""``ir::scan_layers`` and its gradient: one ``lax.scan`` over a layer's graph.
+
+A stack of layers of one structure (``scan_layers`` in the front end) is recorded as one node
+whose body is the graph of one layer, traced once on placeholders: the carry (the layer's
+input), one placeholder per parameter or buffer (each operand of the node stacks that tensor
+of every layer, layer first), and the body's free inputs (lifted scalars, the step's random
+key) as further operands. The node's ``body`` attribute names the body in ``BODIES`` by a
+digest of its exact graph, so equal stacks share a program, and the outer graph's hash says
+which body it runs.
+
+Lowered, the body is evaluated node by node, as ``_lower`` evaluates a graph, inside the scan's
+step function: XLA compiles one layer, whatever the depth. A body that draws random numbers
+draws them from the step's key folded with the layer's index, so each layer draws its own.
+The gradient node is ``jax.vjp`` of the same scan: the body's backward, compiled once too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ir_core import DeviceData, graph_fingerprint, post_order
+from ir_runtime._bounded import Bounded
+from ir_runtime._errors import LoweringError
+from ir_runtime._lower import lower_node
+from ir_runtime._lowering import register
+
+
+class Body:
+    """One layer's graph: ``root`` (its output Value) in terms of ``carry`` and ``params``
+    (placeholder DeviceData nodes), and ``free`` (the other data nodes it reads, in order);
+    ``key``: the index in ``free`` of the step's random key, or None."""
+
+    __slots__ = ("carry", "free", "key", "order", "params", "root")
+
+    def __init__(self, root, carry, params, free, key):
+        self.root, self.carry, self.params, self.free, self.key = root, carry, params, free, key
+        self.order = post_order([root])
+
+    def step(self, free_arrays):
+        """The scan's step function: ``(carry, (stacked slices, layer index)) -> (out, None)``."""
+        free = list(free_arrays)
+        key = self.key
+
+        def step(carry, xs):
+            slices, index = xs
+            env = {id(self.carry): (carry,)}
+            env.update((id(p), (a,)) for p, a in zip(self.params, slices, strict=True))
+            env.update((id(f), (a,)) for f, a in zip(self.free, free, strict=True))
+            if key is not None:
+                k = jax.random.wrap_key_data(free[key].astype(jnp.uint32), impl="threefry2x32")
+                env[id(self.free[key])] = (jax.random.key_data(jax.random.fold_in(k, index)),)
+            for n in self.order:
+                if type(n) is not DeviceData:
+                    operands = [env[id(v.node)][v.index] for v in n.operands]
+                    env[id(n)] = lower_node(n, operands, None)
+            return env[id(self.root.node)][self.root.index], None
+
+        return step
+
+
+BODIES = Bounded(256)  # digest -> Body
+
+
+def add_body(body: Body) -> str:
+    """Register ``body`` (or find an equal one); returns the name the node carries."""
+    digest = hashlib.sha256(graph_fingerprint([body.root])).hexdigest()[:32]
+    body = BODIES.pop(digest, body)  # an equal body registered before stays, now the newest
+    BODIES[digest] = body
+    return digest
+
+
+def _body(node) -> Body:
+    body = BODIES.get(node.attrs["body"])
+    if body is None:
+        raise LoweringError(
+            f"the body of {node.op!r} ({node.attrs['body']}) is no longer registered: more than "
+            f"{BODIES.capacity} distinct layer stacks were recorded since; run the step sooner"
+        )
+    return body
+
+
+def _scan(body, layers, x, stacked, free):
+    index = jnp.arange(layers, dtype=jnp.uint32)  # (also the length, when there is no parameter)
+    out, _ = lax.scan(body.step(free), x, (tuple(stacked), index))
+    return out
+
+
+@register("ir::scan_layers")
+def _scan_layers(node, x, *rest):
+    p = node.attrs["params"]
+    return _scan(_body(node), node.attrs["layers"], x, rest[:p], rest[p:])
+
+
+@register("ir::scan_layers_grad")
+def _scan_layers_grad(node, x, *rest):
+    p, layers = node.attrs["params"], node.attrs["layers"]
+    stacked, free, grad = rest[:p], rest[p:-1], rest[-1]
+    body = _body(node)
+    _, vjp = jax.vjp(lambda x, s: _scan(body, layers, x, s, free), x, tuple(stacked))
+    gx, gs = vjp(grad)
+    return (gx, *gs)
