@@ -1,4 +1,4 @@
-"""Device memory of a training step, from XLA's own analysis of each compiled program.
+"""Training big models: memory from XLA's own analysis of each program, step and compile time.
 
 Peak bytes per device = arguments + outputs + temporaries - aliased (outputs written into
 donated arguments), from ``compiled.memory_analysis()``: exact, and the same on every backend.
@@ -8,13 +8,22 @@ donated arguments), from ``compiled.memory_analysis()``: exact, and the same on 
    over "data"), one AdamW step through ``mark_step``: with donation (the default), without it
    (``IR_RUNTIME_DONATE=0``: the program before donation existed), and the same step
    hand-written in ``jax.jit`` with ``donate_argnums`` and the same shardings.
+2. Activation checkpointing: a 16-block residual MLP, each block through
+   ``torch.utils.checkpoint`` or not: the program's temporaries and the step time, beside the
+   same ratio for ``jax.checkpoint`` on the same step in ``jax.jit``.
+3. bfloat16 autocast against float32 on the large linear step: peak bytes and step time.
+4. Compile time (lower + XLA compile) of a 2-, 8- and 32-block GPT stack's training step,
+   unrolled against ``scan_layers``, beside ``jax.jit`` of the same step unrolled and with
+   ``lax.scan``.
 
 Prints a table and writes JSON (``--json PATH``).
 """
 
 import argparse
+import copy
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -30,6 +39,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import torch.utils.checkpoint as checkpoint  # noqa: E402
+from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -75,6 +86,40 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(x))
 
 
+BLOCK_PARAMS = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "qkv_w", "qkv_b", "proj_w", "proj_b", "up_w",
+                "up_b", "down_w", "down_b")  # fmt: skip
+
+
+def block_shapes(d) -> dict:
+    """A Block's parameters in jax: name -> shape (torch's layouts: Linear weights out x in)."""
+    return {
+        "ln1_w": (d,), "ln1_b": (d,), "ln2_w": (d,), "ln2_b": (d,), "qkv_w": (3 * d, d),
+        "qkv_b": (3 * d,), "proj_w": (d, d), "proj_b": (d,), "up_w": (4 * d, d),
+        "up_b": (4 * d,), "down_w": (d, 4 * d), "down_b": (d,),
+    }  # fmt: skip
+
+
+def _ln(x, w, b):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / jnp.sqrt(v + 1e-5) * w + b
+
+
+def jax_block(g, x, heads):
+    """``Block.forward`` hand-written in jax, on the parameters ``g`` (``block_shapes``)."""
+    b, s, d = x.shape
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    h = _ln(x, g["ln1_w"], g["ln1_b"]) @ g["qkv_w"].T + g["qkv_b"]
+    q, k, v = (
+        t.reshape(b, s, heads, d // heads).transpose(0, 2, 1, 3) for t in jnp.split(h, 3, -1)
+    )
+    sc = jnp.where(causal, q @ k.transpose(0, 1, 3, 2) / math.sqrt(d // heads), -jnp.inf)
+    a = (jax.nn.softmax(sc, -1) @ v).transpose(0, 2, 1, 3).reshape(b, s, d)
+    x = x + a @ g["proj_w"].T + g["proj_b"]
+    u = _ln(x, g["ln2_w"], g["ln2_b"]) @ g["up_w"].T + g["up_b"]
+    return x + jax.nn.gelu(u, approximate=False) @ g["down_w"].T + g["down_b"]
+
+
 def loss_of(model, ids, labels):
     logits = model(ids)
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
@@ -117,36 +162,15 @@ def jax_step(config, ids, labels):
 
     shapes = {"embed": (vocab, d), "ln_w": (d,), "ln_b": (d,), "head": (vocab, d)}
     for i in range(layers):
-        for name, shape in (
-            ("ln1_w", (d,)), ("ln1_b", (d,)), ("ln2_w", (d,)), ("ln2_b", (d,)),
-            ("qkv_w", (3 * d, d)), ("qkv_b", (3 * d,)), ("proj_w", (d, d)), ("proj_b", (d,)),
-            ("up_w", (4 * d, d)), ("up_b", (4 * d,)), ("down_w", (d, 4 * d)), ("down_b", (d,)),
-        ):  # fmt: skip
+        for name, shape in block_shapes(d).items():
             shapes[f"{i}.{name}"] = shape
     shardings = {k: fsdp(s) for k, s in shapes.items()}
 
-    def ln(x, w, b):
-        m = x.mean(-1, keepdims=True)
-        v = ((x - m) ** 2).mean(-1, keepdims=True)
-        return (x - m) / jnp.sqrt(v + 1e-5) * w + b
-
     def loss(p, ids, labels):
         x = p["embed"][ids]
-        b, s, _ = x.shape
-        causal = jnp.tril(jnp.ones((s, s), bool))
         for i in range(layers):
-            g = {n: p[f"{i}.{n}"] for n in ("ln1_w", "ln1_b", "ln2_w", "ln2_b")}
-            h = ln(x, g["ln1_w"], g["ln1_b"]) @ p[f"{i}.qkv_w"].T + p[f"{i}.qkv_b"]
-            q, k, v = (
-                t.reshape(b, s, heads, d // heads).transpose(0, 2, 1, 3)
-                for t in jnp.split(h, 3, -1)
-            )
-            sc = jnp.where(causal, q @ k.transpose(0, 1, 3, 2) / math.sqrt(d // heads), -jnp.inf)
-            a = (jax.nn.softmax(sc, -1) @ v).transpose(0, 2, 1, 3).reshape(b, s, d)
-            x = x + a @ p[f"{i}.proj_w"].T + p[f"{i}.proj_b"]
-            u = ln(x, g["ln2_w"], g["ln2_b"]) @ p[f"{i}.up_w"].T + p[f"{i}.up_b"]
-            x = x + jax.nn.gelu(u, approximate=False) @ p[f"{i}.down_w"].T + p[f"{i}.down_b"]
-        logits = ln(x, p["ln_w"], p["ln_b"]) @ p["head"].T
+            x = jax_block({n: p[f"{i}.{n}"] for n in BLOCK_PARAMS}, x, heads)
+        logits = _ln(x, p["ln_w"], p["ln_b"]) @ p["head"].T
         logp = jax.nn.log_softmax(logits.reshape(-1, vocab), -1)
         return -jnp.take_along_axis(logp, labels.reshape(-1, 1), 1).mean()
 
@@ -227,19 +251,191 @@ def bench_donation(config=(8192, 1024, 6, 16), batch=8, seq=32):
     }
 
 
+def _timed_steps(step, steps: int) -> float:
+    """Median seconds per step over ``steps`` steps after two warm-up steps, each waited for."""
+    for _ in range(2):
+        step()
+    irt.wait_device_ops()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        irt.wait_device_ops()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_checkpointing(layers=16, d=256, batch=4096, steps=5):
+    """A residual MLP of ``layers`` blocks (h + GELU(Linear(h))), batch over "data": each block
+    checkpointed (non-reentrant) or not; the program's temporaries and the step time. Beside
+    it, the same step in jax.jit, each block under ``jax.checkpoint`` or not."""
+    torch.manual_seed(0)
+    base = torch.nn.ModuleList(
+        torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU()) for _ in range(layers)
+    )
+    x = torch.randn(batch, d, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for name, how in (("plain", None), ("checkpointed", False)):
+        model = irt.to_lazy(copy.deepcopy(base))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        lx = irt.to_lazy(x)
+        irt.mark_sharding(lx, MESH, ("data", None))
+
+        def loss_of(model=model, lx=lx, how=how):
+            h = lx
+            for block in model:
+                h = h + (
+                    block(h) if how is None else checkpoint.checkpoint(block, h, use_reentrant=how)
+                )
+            return h.square().mean()
+
+        def step(model=model, opt=opt):
+            loss_of().backward()  # (the activations go with the forward's locals)
+            opt.step()
+            opt.zero_grad()
+            irt.mark_step()
+
+        seconds = _timed_steps(step, steps)
+        out[name] = {"memory": inspect.last_executable().memory(), "step_s": seconds}
+    out["temporaries_ratio"] = (
+        out["checkpointed"]["memory"]["temporaries"] / out["plain"]["memory"]["temporaries"]
+    )
+    out["step_time_ratio"] = out["checkpointed"]["step_s"] / out["plain"]["step_s"]
+    jm = ShardingSpec(MESH, ()).to_jax().mesh
+    rep, xs = NamedSharding(jm, P()), NamedSharding(jm, P("data", None))
+
+    def block(p, h):
+        return h + jax.nn.gelu(h @ p[0].T + p[1], approximate=False)
+
+    def step(ps, x, remat):
+        def loss(ps):
+            h = x
+            for p in ps:
+                h = (jax.checkpoint(block) if remat else block)(p, h)
+            return (h**2).mean()
+
+        return jax.tree.map(lambda p, g: p - 1e-3 * g, ps, jax.grad(loss)(ps))
+
+    params = [
+        (jax.ShapeDtypeStruct((d, d), jnp.float32, sharding=rep),) * 1
+        + (jax.ShapeDtypeStruct((d,), jnp.float32, sharding=rep),)
+        for _ in range(layers)
+    ]
+    xa = jax.ShapeDtypeStruct((batch, d), jnp.float32, sharding=xs)
+    temps = {}
+    for remat in (False, True):
+        c = jax.jit(step, static_argnums=2, donate_argnums=0).lower(params, xa, remat).compile()
+        temps[remat] = c.memory_analysis().temp_size_in_bytes
+    out["jax.checkpoint temporaries_ratio"] = temps[True] / temps[False]
+    return out
+
+
+def bench_autocast(batch=1024, n=1024, steps=5):
+    """The large linear step (x @ W.T + b, MSE, SGD; W over "model", x over "data") in float32
+    and under bfloat16 autocast: the program's peak bytes and the step time."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch, n, generator=g), torch.randn(batch, n, generator=g)
+    out = {}
+    for name, dtype in (("float32", None), ("bfloat16 autocast", torch.bfloat16)):
+        torch.manual_seed(0)
+        model = irt.to_lazy(torch.nn.Linear(n, n))
+        irt.mark_sharding(model.weight, MESH, ("model", None))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        lx, ly = irt.to_lazy(x), irt.to_lazy(y)
+        irt.mark_sharding(lx, MESH, ("data", None))
+        irt.mark_sharding(ly, MESH, ("data", None))
+
+        def step(model=model, opt=opt, lx=lx, ly=ly, dtype=dtype):
+            with torch.autocast("lazy", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                loss = torch.nn.functional.mse_loss(model(lx), ly)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            irt.mark_step()
+
+        seconds = _timed_steps(step, steps)
+        out[name] = {"memory": inspect.last_executable().memory(), "step_s": seconds}
+    return out
+
+
+def _jax_stack_loss(ps, x, heads, layers, scan):
+    """The mean square of a stack of ``jax_block``s (parameters stacked, layer first)."""
+    if scan:
+        x = lax.scan(lambda carry, g: (jax_block(g, carry, heads), None), x, ps)[0]
+    else:
+        for i in range(layers):
+            x = jax_block({k: v[i] for k, v in ps.items()}, x, heads)
+    return (x**2).mean()
+
+
+def _compile_seconds() -> float:
+    t = irt.metrics()["timers"]
+    return sum(t.get(k, {}).get("total", 0.0) for k in ("LowerTime", "CompileTime"))
+
+
+def bench_compile_time(depths=(2, 8, 32), d=256, heads=4, batch=2, seq=32):
+    """Lower + XLA compile of a GPT block stack's training step (forward, backward, SGD), the
+    blocks unrolled or through ``scan_layers``; beside each, jax.jit of the same step written
+    in jax, unrolled (a Python loop) and with ``lax.scan``."""
+    x = torch.randn(batch, seq, d, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for layers in depths:
+        row = {}
+        for name in ("unrolled", "scan_layers"):
+            torch.manual_seed(0)
+            blocks = irt.to_lazy(torch.nn.ModuleList(Block(d, heads) for _ in range(layers)))
+            opt = torch.optim.SGD(blocks.parameters(), lr=1e-3)
+            irt.CACHE.clear()
+            irt.reset_metrics()
+            h = irt.to_lazy(x)
+            if name == "scan_layers":
+                h = irt.scan_layers(blocks, h)
+            else:
+                for b in blocks:
+                    h = b(h)
+            h.square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            irt.mark_step()
+            irt.wait_device_ops()
+            row[name] = _compile_seconds()
+        shapes = block_shapes(d)
+
+        for name, scan in (("jax.jit unrolled", False), ("jax.jit lax.scan", True)):
+
+            def step(ps, x, scan=scan, layers=layers):
+                g = jax.grad(_jax_stack_loss)(ps, x, heads, layers, scan)
+                return jax.tree.map(lambda p, g: p - 1e-3 * g, ps, g)
+
+            abstract = {
+                k: jax.ShapeDtypeStruct((layers, *s), jnp.float32) for k, s in shapes.items()
+            }
+            xs = jax.ShapeDtypeStruct((batch, seq, d), jnp.float32)
+            start = time.perf_counter()
+            jax.jit(step).lower(abstract, xs).compile()
+            row[name] = time.perf_counter() - start
+        out[layers] = row
+    first, last = out[depths[0]]["scan_layers"], out[depths[-1]]["scan_layers"]
+    return {"seconds": out, "scan_deepest_over_shallowest": last / first}
+
+
+def _mib(m: dict) -> dict:
+    return {k: v / 2**20 for k, v in m.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     d = bench_donation()
     print(
-        f"\nBuffer donation: GPT {d['config']}, parameters + AdamW state "
+        f"\n1. Buffer donation: GPT {d['config']}, parameters + AdamW state "
         f"{d['params_and_adamw_bytes'] / 2**30:.2f} GiB, FSDP over the 4x2 mesh; per-device "
         f"MiB from XLA's memory analysis ({d['donated_buffers']} buffers donated)"
     )
     print(f"{'program':<28}{'arguments':>11}{'outputs':>10}{'temps':>9}{'aliased':>10}{'peak':>9}")
     for name, m in d["per_device_bytes"].items():
-        mib = {k: v / 2**20 for k, v in m.items()}
+        mib = _mib(m)
         print(
             f"{name:<28}{mib['arguments']:>11.1f}{mib['outputs']:>10.1f}"
             f"{mib['temporaries']:>9.1f}{mib['aliased']:>10.1f}{mib['peak']:>9.1f}"
@@ -248,9 +444,46 @@ def main():
         f"peak: ours / jax.jit {d['ours_over_jax']:.3f} (target at most 1.1); ours / without "
         f"donation {d['ours_over_undonated']:.3f} (target at most 0.7)"
     )
+    c = bench_checkpointing()
+    print("\n2. Activation checkpointing: 16 residual blocks h + GELU(Linear(h)) (256, batch 4096)")
+    for name in ("plain", "checkpointed"):
+        m = _mib(c[name]["memory"])
+        print(
+            f"{name:<14} temporaries {m['temporaries']:7.1f} MiB  peak {m['peak']:7.1f} MiB  "
+            f"step {c[name]['step_s'] * 1e3:7.1f} ms"
+        )
+    print(
+        f"temporaries ratio {c['temporaries_ratio']:.3f} (target at most 0.5; jax.checkpoint on "
+        f"the same step: {c['jax.checkpoint temporaries_ratio']:.3f}); step time ratio "
+        f"{c['step_time_ratio']:.3f} (target at most 1.4)"
+    )
+    a = bench_autocast()
+    print("\n3. bfloat16 autocast: the large linear step (batch 1024, W 1024x1024, 4x2 mesh)")
+    for name, r in a.items():
+        m = _mib(r["memory"])
+        print(f"{name:<18} peak {m['peak']:7.1f} MiB  step {r['step_s'] * 1e3:7.1f} ms")
+    t = bench_compile_time()
+    print("\n4. Compile time (lower + XLA compile, s) of a GPT block stack's training step")
+    names = list(next(iter(t["seconds"].values())))
+    print(f"{'layers':<8}" + "".join(f"{n:>20}" for n in names))
+    for layers, row in t["seconds"].items():
+        print(f"{layers:<8}" + "".join(f"{row[n]:>20.2f}" for n in names))
+    print(
+        f"scan_layers: the deepest over the shallowest {t['scan_deepest_over_shallowest']:.2f} "
+        f"(target at most 1.5)"
+    )
     results = {
         "donation": d,
-        "targets": {"ours_over_jax_max": 1.1, "ours_over_undonated_max": 0.7},
+        "checkpointing": c,
+        "autocast": a,
+        "compile_time": t,
+        "targets": {
+            "ours_over_jax_max": 1.1,
+            "ours_over_undonated_max": 0.7,
+            "checkpoint_temporaries_ratio_max": 0.5,
+            "checkpoint_step_time_ratio_max": 1.4,
+            "scan_deepest_over_shallowest_max": 1.5,
+        },
         "environment": benchjson.environment(torch=torch.__version__, jax=jax.__version__),
     }
     benchjson.write(args.json, results)

@@ -11,10 +11,11 @@ pre-hook on the results' backward nodes in the other): values XLA cannot see thr
 cannot compute before the backward pass has reached the region. The recomputed ops are new,
 and run where the backward needs them (torch_xla's checkpoint does the same).
 
-The lazy device's random stream is saved and restored by torch's own ``preserve_rng_state``
-machinery, through the device module registered as ``torch.lazy`` (``get_rng_state`` /
-``set_rng_state``: the step and the offset of the next random op): dropout in the recompute
-draws the forward's mask.
+The recompute runs under the lazy autocast the forward ran under (torch restores only the
+autocast of the device types it knows). The lazy device's random stream is saved and restored
+by torch's own ``preserve_rng_state`` machinery, through the device module registered as
+``torch.lazy`` (``get_rng_state`` / ``set_rng_state``: the step and the offset of the next
+random op): dropout in the recompute draws the forward's mask.
 
 A checkpointed function that reads a value to the host (``.item()``, ``.cpu()``, a Python
 ``if`` on a tensor) is refused: the recompute would read it again in the backward pass, in the
@@ -36,7 +37,8 @@ import torch.utils.checkpoint as _torch_checkpoint
 
 from ir_core import Generic, Value
 from ir_runtime._errors import CheckpointError
-from ir_runtime._frontend import _rng, _step
+from ir_runtime._frontend import _autocast, _rng, _step
+from ir_runtime._frontend._convert import DEVICE
 from ir_runtime._frontend._fast import live_references
 from ir_runtime._frontend._tensor import LazyTensor, wrap
 
@@ -121,6 +123,9 @@ class _Recompute:
     def __init__(self, fn, forward_first: bool):
         self.fn = fn
         self.calls = 0 if forward_first else 1
+        # The lazy autocast of the forward, which the recompute runs under again (torch
+        # restores only the autocast of device types it knows).
+        self.autocast = _autocast._ACTIVE[-1] if _autocast._ACTIVE else None
         self.grads: tuple = ()  # the latest gradients reaching the region's results
 
     def saw(self, grads) -> None:
@@ -132,9 +137,12 @@ class _Recompute:
         if self.calls == 1:
             return _forward(self.fn, args, kwargs)
         after = self.grads or _newest(args, kwargs)
+        self.grads = ()  # (held no longer than needed: torch may keep this object for a while)
         args, kwargs, key = _through_barrier(args, kwargs, after)
         reads = _step.EVENTS["host_reads"]
-        with _keyed(key):
+        dtype = self.autocast
+        cast = _autocast.autocast(DEVICE.type, dtype=dtype, enabled=dtype is not None)
+        with _keyed(key), cast:
             out = self.fn(*args, **kwargs)
         _refuse_reads(self.fn, reads)
         return out
