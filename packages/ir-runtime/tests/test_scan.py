@@ -200,3 +200,32 @@ def test_a_single_module_or_host_layers_are_refused():
         irt.scan_layers(irt.to_lazy(Block(16)), irt.to_lazy(torch.randn(4, 16)))
     with pytest.raises(TypeError, match=r"on cpu \(ir_runtime.to_lazy the model first\)"):
         irt.scan_layers([Block(16)], irt.to_lazy(torch.randn(4, 16)))
+
+
+def test_under_autocast_the_first_layer_runs_on_its_own_as_in_eager():
+    """bfloat16 autocast turns the float32 input into bfloat16 in the first layer; eager runs
+    every later layer on bfloat16. The scan runs the first as it is and scans the rest."""
+    torch.manual_seed(0)
+    eager = torch.nn.ModuleList(
+        torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.GELU())
+        for _ in range(3)
+    )
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    outs = []
+    for model, dev, xs in ((eager, "cpu", x), (lazy, "lazy", irt.to_lazy(x))):
+        with torch.autocast(dev, dtype=torch.bfloat16):
+            if dev == "cpu":
+                h = xs
+                for layer in model:
+                    h = layer(h)
+            else:
+                h = irt.scan_layers(model, xs)
+        outs.append(h)
+    assert outs[1].dtype == outs[0].dtype == torch.bfloat16
+    np.testing.assert_allclose(
+        irt.to_torch(outs[1]).float().numpy(),
+        outs[0].detach().float().numpy(),
+        rtol=3e-2,
+        atol=3e-2,
+    )

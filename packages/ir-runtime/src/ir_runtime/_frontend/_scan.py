@@ -9,7 +9,9 @@ step, and the gradient of each comes back to it (a ``torch.autograd.Function`` w
 is the scan's ``jax.vjp``), so optimizers, ``state_dict`` and sharding annotations see
 ordinary per-layer parameters.
 
-What a layer may do: take one tensor and return one of the same shape and dtype, read its own
+What a layer may do: take one tensor and return one of the same shape and dtype (under autocast,
+the first layer may turn the input's dtype into the autocast dtype: it runs on its own, the rest
+as the scan, as eager would run them), read its own
 parameters and buffers (not write them: batch norm in training mode is refused), Python
 numbers, and random numbers (each layer draws its own). It may not read other tensors (pass
 them in through a module attribute that is a buffer), read values to the host, or differ from
@@ -98,7 +100,9 @@ def _trace_body(layer, x: LazyTensor) -> tuple[Body, list]:
             f"scan_layers: {type(layer).__name__}.forward reads a value to the host (.item(), "
             f"a Python if on a tensor); a scanned layer must stay on the device"
         )
-    if not isinstance(out, LazyTensor) or out.shape != x.shape or out.dtype != x.dtype:
+    if isinstance(out, LazyTensor) and out.shape == x.shape and out.dtype != x.dtype:
+        raise _OtherDtype(out.dtype)
+    if not isinstance(out, LazyTensor) or out.shape != x.shape:
         got = type(out).__name__
         if isinstance(out, torch.Tensor):
             got = f"{list(out.shape)} {out.dtype}"
@@ -129,6 +133,13 @@ def _trace_body(layer, x: LazyTensor) -> tuple[Body, list]:
         free.append(n)
         values.append(Value(n))
     return Body(out._ir, carry, placeholders, free, key_at), values
+
+
+class _OtherDtype(Exception):
+    """The first layer returns its input's shape in another dtype (under autocast)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
 
 
 class _Scan(torch.autograd.Function):
@@ -168,7 +179,22 @@ def scan_layers(layers, x):
     layers = _check(layers)
     if not isinstance(x, LazyTensor):
         raise TypeError(f"scan_layers takes a lazy input tensor, got {type(x).__name__}")
-    body, free = _trace_body(layers[0], x)
+    return _scan_layers(layers, x, peel=True)
+
+
+def _scan_layers(layers, x, peel: bool):
+    try:
+        body, free = _trace_body(layers[0], x)
+    except _OtherDtype as e:
+        if len(layers) == 1 or not peel:
+            raise ValueError(
+                f"scan_layers: each layer must return one tensor like its input ({list(x.shape)} "
+                f"{x.dtype}), so the next can take it; {type(layers[0]).__name__} returned "
+                f"{e.dtype}"
+            ) from None
+        # Under autocast the first layer turns a float32 input into bfloat16, as every later
+        # layer's input is: run it as it is, as eager would, and scan the rest.
+        return _scan_layers(layers[1:], layers[0](x), peel=False)
     name = add_body(body)
     tensors = [t for layer in layers for _, t in _tensors(layer)]
     return _Scan.apply(name, free, len(layers), x, *tensors)
