@@ -79,6 +79,7 @@ def bench(session):
         ("bench_frontend", "ir-frontend"),
         ("bench_multiprocess", "ir-multiprocess"),
         ("bench_models", "ir-models"),
+        ("bench_memory", "ir-memory"),
     ):
         session.run("python", f"{RUNTIME}/bench/{name}.py", "--json", f".bench/{out}.json")
 

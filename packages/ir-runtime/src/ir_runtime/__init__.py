@@ -36,7 +36,7 @@ from ir_runtime._lowering import RULES, register
 from ir_runtime._metrics import metrics, metrics_report, reset_metrics
 from ir_sharding import Mesh
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 register_lowering = register
 
