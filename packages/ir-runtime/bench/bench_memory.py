@@ -379,7 +379,7 @@ def bench_compile_time(depths=(2, 8, 32), d=256, heads=4, batch=2, seq=32):
     in jax, unrolled (a Python loop) and with ``lax.scan``."""
     x = torch.randn(batch, seq, d, generator=torch.Generator().manual_seed(0))
     out = {}
-    for layers in depths:
+    for layers in (depths[0], *depths):  # the first pass warms jax and XLA up, untimed
         row = {}
         for name in ("unrolled", "scan_layers"):
             torch.manual_seed(0)
