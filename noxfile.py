@@ -47,7 +47,13 @@ def runtime(session):
 @nox.session
 def integration(session):
     session.install(
-        f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}", TORCH, "packaging", TRANSFORMERS, *TEST_DEPS
+        f"./{CORE}",
+        f"./{SHARDING}",
+        f"./{RUNTIME}[checkpoint]",
+        TORCH,
+        "packaging",
+        TRANSFORMERS,
+        *TEST_DEPS,
     )
     session.run("pytest", "integration_tests", *session.posargs)
 
@@ -68,7 +74,12 @@ def lint(session):
 def bench(session):
     """Benchmarks side by side with their peers; a table on stdout, JSON under .bench/."""
     session.install(
-        f"./{CORE}", f"./{SHARDING}[jax]", f"./{RUNTIME}", TORCH, "xxhash>=3.4", TRANSFORMERS
+        f"./{CORE}",
+        f"./{SHARDING}[jax]",
+        f"./{RUNTIME}[checkpoint]",
+        TORCH,
+        "xxhash>=3.4",
+        TRANSFORMERS,
     )
     session.run("python", f"{CORE}/bench/bench_core.py", "--json", ".bench/ir-core.json")
     session.run(
@@ -80,6 +91,7 @@ def bench(session):
         ("bench_multiprocess", "ir-multiprocess"),
         ("bench_models", "ir-models"),
         ("bench_memory", "ir-memory"),
+        ("bench_checkpoints", "ir-checkpoints"),
     ):
         session.run("python", f"{RUNTIME}/bench/{name}.py", "--json", f".bench/{out}.json")
 

@@ -43,6 +43,10 @@ from ir_runtime._frontend._api import (  # noqa: F401
     visualize_sharding,
 )
 from ir_runtime._frontend._capture import CaptureWarning, CompiledStep, compile_step  # noqa: F401
+from ir_runtime._frontend._checkpoint_manager import (  # noqa: F401
+    CheckpointManager,
+    consolidated_state_dict,
+)
 from ir_runtime._frontend._generate import generate  # noqa: F401
 from ir_runtime._frontend._loader import ShardedLoader  # noqa: F401
 from ir_runtime._frontend._scan import scan_layers  # noqa: F401

@@ -1,0 +1,227 @@
+"""CheckpointManager: a sharded training run saved with orbax and restored, into other layouts,
+bit for bit; a resumed run matches the uninterrupted one; bad input changes nothing."""
+
+import copy
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import torch
+
+import ir_runtime as irt
+from ir_runtime._frontend import inspect
+
+MESHES = {
+    "4x2": irt.Mesh(np.arange(8), (4, 2), ("data", "model")),
+    "8x1": irt.Mesh(np.arange(8), (8, 1), ("data", "model")),
+    "2x4": irt.Mesh(np.arange(8), (2, 4), ("data", "model")),
+}
+LAYOUTS = {  # (mesh, first weight's spec, last weight's spec): FSDP, Megatron, replicated
+    "fsdp-4x2": ("4x2", (("data", "model"), None), (("data", "model"), None)),
+    "megatron-8x1": ("8x1", ("data", None), (None, "data")),
+    "megatron-2x4": ("2x4", (None, "model"), ("model", None)),
+    "replicated": ("4x2", None, None),
+}
+
+
+def model(seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Dropout(dropout), torch.nn.Linear(32, 8)
+    )
+
+
+def placed(layout, seed=0, dropout=0.0):
+    mesh_name, first, last = LAYOUTS[layout]
+    m = irt.to_lazy(model(seed, dropout))
+    for layer, spec in ((m[0], first), (m[3], last)):
+        if spec is not None:
+            irt.mark_sharding(layer.weight, MESHES[mesh_name], spec)
+    return m
+
+
+def batch(k):
+    g = torch.Generator().manual_seed(100 + k)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 8, generator=g)
+
+
+def train(m, opt, k):
+    x, y = batch(k)
+    loss = torch.nn.functional.mse_loss(m(irt.to_lazy(x)), irt.to_lazy(y))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    irt.mark_step()
+    return irt.to_torch(loss).item()
+
+
+def host_state(m, opt):
+    weights = {k: irt.to_torch(v) for k, v in m.state_dict().items()}
+    moments = {
+        (i, k): (irt.to_torch(v) if isinstance(v, irt.LazyTensor) else v.clone())
+        for i, s in opt.state_dict()["state"].items()
+        for k, v in s.items()
+    }
+    return weights, moments
+
+
+@pytest.mark.parametrize(
+    ("saved", "into"),
+    [
+        ("fsdp-4x2", "megatron-8x1"),
+        ("megatron-8x1", "fsdp-4x2"),
+        ("fsdp-4x2", "megatron-2x4"),
+        ("megatron-2x4", "replicated"),
+        ("replicated", "fsdp-4x2"),
+    ],
+)
+def test_a_checkpoint_restores_into_another_layout_bit_for_bit(tmp_path, saved, into):
+    m = placed(saved)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    for k in range(2):
+        train(m, opt, k)
+    ckpt = irt.CheckpointManager(tmp_path)
+    assert ckpt.save(2, {"model": m, "optim": opt, "data": {"epoch": 1, "seen": (3, 4)}})
+    want = host_state(m, opt)
+
+    m2 = placed(into, seed=1)
+    opt2 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
+    state = {"model": m2, "optim": opt2, "data": None}
+    assert irt.CheckpointManager(tmp_path).restore(None, state) == 2
+    got = host_state(m2, opt2)
+    for part in (0, 1):
+        assert got[part].keys() == want[part].keys()
+        for k in want[part]:
+            assert torch.equal(got[part][k], want[part][k]), k
+    assert state["data"] == {"epoch": 1, "seen": (3, 4)}
+    # Each tensor kept the placement it had: the layout restored into, not the one saved.
+    spec = LAYOUTS[into][1]
+    assert (inspect.annotation_of(m2[0].weight) is None) == (spec is None)
+    assert not isinstance(opt2.state[m2[0].weight]["step"], irt.LazyTensor)  # a CPU count
+
+
+def test_a_resumed_run_matches_the_uninterrupted_one(tmp_path):
+    """Dropout included: the lazy random stream resumes where it was."""
+    m = placed("fsdp-4x2", dropout=0.3)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    uninterrupted = [train(m, opt, k) for k in range(6)]
+
+    m = placed("fsdp-4x2", dropout=0.3)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    ckpt = irt.CheckpointManager(tmp_path, save_interval=3)
+    losses, step = [], 0
+    for k in range(3):
+        losses.append(train(m, opt, k))
+        step += 1
+        ckpt.save_async(step, {"model": m, "optim": opt})
+    ckpt.join()
+    assert ckpt.all_steps() == [3]
+    torch.manual_seed(12345)  # the new process's own seed: the checkpoint's replaces it
+    m = placed("fsdp-4x2", seed=7, dropout=0.3)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    step = irt.CheckpointManager(tmp_path).restore(None, {"model": m, "optim": opt})
+    losses += [train(m, opt, k) for k in range(step, 6)]
+    assert losses == uninterrupted  # exactly: the same program on the same data and masks
+    # Into another layout the sums are split differently: the same run, to rounding.
+    m = placed("megatron-8x1", seed=7, dropout=0.3)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    irt.CheckpointManager(tmp_path).restore(3, {"model": m, "optim": opt})
+    other = losses[:3] + [train(m, opt, k) for k in range(3, 6)]
+    np.testing.assert_allclose(other, uninterrupted, rtol=1e-5)
+
+
+def test_async_saves_keep_the_newest_and_orbax_reads_them(tmp_path):
+    m = placed("fsdp-4x2")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    ckpt = irt.CheckpointManager(tmp_path, save_interval=2, max_to_keep=2)
+    saved = []
+    for step in range(1, 9):
+        train(m, opt, step)
+        if ckpt.save_async(step, {"model": m, "optim": opt, "step": step}):
+            saved.append(step)
+    ckpt.join()
+    assert saved == [2, 4, 6, 8] and ckpt.all_steps() == [6, 8]
+    # orbax alone reads the checkpoint: a directory of its own format.
+    plain = ocp.CheckpointManager(
+        tmp_path, item_handlers={"arrays": ocp.StandardCheckpointHandler()}
+    ).restore(8, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))["arrays"]
+    np.testing.assert_array_equal(
+        np.asarray(plain["model"]["0.weight"]), irt.to_torch(m[0].weight).numpy()
+    )
+
+
+def test_a_mismatch_is_named_and_nothing_changes(tmp_path):
+    m = placed("fsdp-4x2")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    train(m, opt, 0)
+    ckpt = irt.CheckpointManager(tmp_path)
+    ckpt.save(1, {"model": m})
+
+    torch.manual_seed(0)
+    other = irt.to_lazy(
+        torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Dropout(0.0), torch.nn.Linear(32, 4)
+        )
+    )
+    before = {k: irt.to_torch(v).clone() for k, v in other.state_dict().items()}
+    with pytest.raises(
+        ValueError,
+        match=r"'model' '3.weight': the checkpoint holds \[8, 32\] float32, "
+        r"the target \[4, 32\] float32",
+    ):
+        ckpt.restore(1, {"model": other})
+    for k, v in other.state_dict().items():
+        assert torch.equal(irt.to_torch(v), before[k])
+    with pytest.raises(
+        FileNotFoundError, match=r"no checkpoint of step 5 .* the complete ones are \[1\]"
+    ):
+        ckpt.restore(5, {"model": m})
+    with pytest.raises(KeyError, match=r"the checkpoint has no optimizer 'optim'"):
+        ckpt.restore(1, {"model": m, "optim": opt})
+    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint"):
+        irt.CheckpointManager(tmp_path / "empty").restore(None, {"model": m})
+    with pytest.raises(TypeError, match=r"'loader' is a object"):
+        ckpt.save(2, {"loader": object()})
+    assert ckpt.all_steps() == [1]
+
+
+def test_consolidated_state_dict_is_an_ordinary_cpu_state_dict():
+    m = placed("megatron-2x4")
+    sd = irt.consolidated_state_dict(m)
+    eager = copy.deepcopy(model())
+    eager.load_state_dict(sd)
+    assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in sd.values())
+    for k, v in eager.state_dict().items():
+        assert torch.equal(v, irt.to_torch(m.state_dict()[k]))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3, 1.0])
+def test_a_process_killed_while_saving_leaves_every_listed_checkpoint_whole(tmp_path, mode, delay):
+    """SIGKILL at several points of a loop of saves: whatever is listed restores whole, and
+    nothing partial is listed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    writer = os.path.join(os.path.dirname(__file__), "checkpoint_writer.py")
+    child = subprocess.Popen(
+        [sys.executable, writer, str(tmp_path), mode], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    ckpt = irt.CheckpointManager(tmp_path, max_to_keep=3)
+    steps = ckpt.all_steps()
+    assert steps and len(steps) <= 4, steps  # (the newest may still have been deleting one)
+    for k in steps:
+        w = irt.to_lazy(torch.zeros(1024, 1024))
+        state = {"w": w, "meta": None}
+        assert ckpt.restore(k, state) == k
+        assert state["meta"] == {"step": k}
+        assert bool((irt.to_torch(w) == float(k)).all())
