@@ -225,3 +225,46 @@ def test_a_process_killed_while_saving_leaves_every_listed_checkpoint_whole(tmp_
         assert ckpt.restore(k, state) == k
         assert state["meta"] == {"step": k}
         assert bool((irt.to_torch(w) == float(k)).all())
+
+
+def test_across_process_counts_both_ways(tmp_path):
+    """2 processes x 4 devices save (each writing its own shards), one process of 8 restores;
+    and the other way round, into another layout."""
+    import os
+    import subprocess
+    import sys
+
+    from checkpoint_multiprocess import build
+
+    script = os.path.join(os.path.dirname(__file__), "checkpoint_multiprocess.py")
+    launch = [sys.executable, "-m", "ir_runtime.launch", "--nprocs", "2", "--cpu-devices", "4"]
+
+    def run(*args):
+        done = subprocess.run(
+            [*launch, script, *map(str, args)], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    torch.manual_seed(0)
+    want = {
+        k: v.detach().numpy()
+        for k, v in torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)
+        )
+        .state_dict()
+        .items()
+    }
+    run("save", tmp_path / "two", "fsdp")
+    here = build(5, "megatron")
+    state = {"model": here, "meta": None}
+    assert irt.CheckpointManager(tmp_path / "two").restore(1, state) == 1
+    for k, v in here.state_dict().items():
+        np.testing.assert_array_equal(irt.to_torch(v).numpy(), want[k])
+
+    irt.CheckpointManager(tmp_path / "one").save(
+        1, {"model": build(0, "megatron"), "meta": {"n": 2}}
+    )
+    run("restore", tmp_path / "one", "fsdp", tmp_path / "out.npz")
+    got = np.load(tmp_path / "out.npz")
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v)

@@ -91,8 +91,16 @@ def _array_of(t: torch.Tensor):
     if isinstance(t, LazyTensor):
         node = _step.materialize(t)
         h = node.handle
-        return h if isinstance(h, jax.Array) else np.asarray(h)
+        if isinstance(h, jax.Array) and not _local(h):
+            return h
+        return np.asarray(h)  # (this process's own copy of data every process holds alike)
     return host_numpy(t.detach())
+
+
+def _local(a: jax.Array) -> bool:
+    """Data on this process's devices only, in a run of several: what a tensor holds before
+    its first program places it over the mesh, the same in every process."""
+    return jax.process_count() > 1 and a.is_fully_addressable
 
 
 class _Entry:
@@ -116,7 +124,7 @@ def _sharding_of(t: LazyTensor):
     for host data not yet placed (restored to host memory, placed by the next program as it
     would have been)."""
     h = _step.materialize(t).handle
-    if isinstance(h, jax.Array):
+    if isinstance(h, jax.Array) and not _local(h):
         return h.sharding
     spec = t._where()
     return spec.to_jax() if spec is not None else None
