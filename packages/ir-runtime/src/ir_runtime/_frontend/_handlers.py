@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ir_runtime._frontend._convert import DEVICE
+from ir_core import DeviceData
+from ir_runtime import _metrics
+from ir_runtime._data import put
+from ir_runtime._frontend._convert import DEVICE, host_numpy, shape_of
 from ir_runtime._frontend._dispatch import special
 from ir_runtime._frontend._record import record
 from ir_runtime._frontend._rng import bernoulli_mask
@@ -34,11 +37,36 @@ def _to_copy(func, args, kwargs):
 def _copy_(func, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, LazyTensor):
+        if _placed_copy(dst, src):
+            return dst
         rebind(dst, as_value(src) if not isinstance(src, LazyTensor) else src._ir)
         write_through(dst)
         return dst
     dst.copy_(to_torch(src))
     return dst
+
+
+def _placed_copy(dst: LazyTensor, src) -> bool:
+    """A host tensor copied into an annotated lazy tensor of its shape and dtype (what
+    ``load_state_dict`` of an ordinary state dict does to a sharded model): the data is placed
+    at once as the annotation says, each device receiving only its shard (each process only its
+    devices' blocks), instead of a program input every device gets whole."""
+    spec = dst._spec
+    if (
+        spec is None
+        or isinstance(src, LazyTensor)
+        or not isinstance(src, torch.Tensor)
+        or src.device.type != "cpu"
+        or src.shape != dst.shape
+        or src.dtype != dst.dtype
+        or dst._view is not None
+    ):
+        return False
+    shape = shape_of(dst)
+    _metrics.count("TransferToDevice")
+    dst._bind(DeviceData(shape, handle=put(host_numpy(src), spec.to_jax()), sharding=spec))
+    write_through(dst)
+    return True
 
 
 @special(aten._local_scalar_dense.default)
