@@ -299,3 +299,36 @@ def test_a_corrupt_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match=r"checkpoint 1 in .* cannot be read"):
         irt.CheckpointManager(tmp_path).restore(1, {"model": other})
     assert torch.equal(irt.to_torch(other[0].weight), before)
+
+
+def test_a_compiled_step_resumes_as_it_ran(tmp_path):
+    """compile_step keeps nothing a checkpoint must hold: after a restore its guards see the
+    rebound tensors and the reloaded optimizer, and the run goes on as the uninterrupted one."""
+
+    def run(m, opt, ks, ckpt=None):
+        @irt.compile_step
+        def step(x, y):
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        out = []
+        for k in ks:
+            x, y = batch(k)
+            out.append(irt.to_torch(step(irt.to_lazy(x), irt.to_lazy(y))).item())
+            if ckpt is not None and k == 2:
+                ckpt.save(3, {"model": m, "optim": opt})
+        return out
+
+    m = placed("megatron-8x1")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, capturable=True)
+    uninterrupted = run(m, opt, range(6))
+    m = placed("megatron-8x1")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, capturable=True)
+    first = run(m, opt, range(3), irt.CheckpointManager(tmp_path))
+    m = placed("megatron-8x1", seed=9)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, capturable=True)
+    assert irt.CheckpointManager(tmp_path).restore(None, {"model": m, "optim": opt}) == 3
+    assert first + run(m, opt, range(3, 6)) == uninterrupted
