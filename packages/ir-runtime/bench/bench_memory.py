@@ -44,10 +44,12 @@ from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from ir_runtime._cache import memory_of  # noqa: E402
 from ir_runtime._frontend import _step, inspect  # noqa: E402
 from ir_sharding import ShardingSpec  # noqa: E402
 
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
+MESH_JAX = ShardingSpec(MESH, ()).to_jax().mesh  # the same devices, in the same order
 FSDP = ("data", "model")  # a weight's first dim, over every device
 
 
@@ -132,7 +134,7 @@ def ours(config, ids, labels, donate: bool):
     model = irt.to_lazy(GPT(*config))
     for p in model.parameters():
         irt.mark_sharding(p, MESH, (FSDP,) + (None,) * (p.dim() - 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=FOREACH[0])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     lids, llabels = irt.to_lazy(ids), irt.to_lazy(labels)
     irt.mark_sharding(lids, MESH, ("data", None))
     irt.mark_sharding(llabels, MESH, ("data", None))
@@ -205,24 +207,10 @@ def jax_step(config, ids, labels):
         jax.ShapeDtypeStruct(ids.shape, jnp.int32, sharding=batch),
         jax.ShapeDtypeStruct(labels.shape, jnp.int32, sharding=batch),
     )
-    m = fn.lower(*args).compile().memory_analysis()
-    out = {
-        "arguments": m.argument_size_in_bytes,
-        "outputs": m.output_size_in_bytes,
-        "temporaries": m.temp_size_in_bytes,
-        "aliased": m.alias_size_in_bytes,
-    }
-    out["peak"] = out["arguments"] + out["outputs"] + out["temporaries"] - out["aliased"]
-    return out
-
-
-MESH_JAX = None
-FOREACH = [None]
+    return memory_of(fn.lower(*args).compile())
 
 
 def bench_donation(config=(8192, 1024, 6, 16), batch=8, seq=32):
-    global MESH_JAX
-    MESH_JAX = ShardingSpec(MESH, ()).to_jax().mesh  # the same devices, in the same order
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, config[0], (batch, seq), generator=g)
     labels = torch.randint(0, config[0], (batch, seq), generator=g)
@@ -301,7 +289,7 @@ def bench_checkpointing(layers=16, d=256, batch=4096, steps=5):
         out["checkpointed"]["memory"]["temporaries"] / out["plain"]["memory"]["temporaries"]
     )
     out["step_time_ratio"] = out["checkpointed"]["step_s"] / out["plain"]["step_s"]
-    jm = ShardingSpec(MESH, ()).to_jax().mesh
+    jm = MESH_JAX
     rep, xs = NamedSharding(jm, P()), NamedSharding(jm, P("data", None))
 
     def block(p, h):

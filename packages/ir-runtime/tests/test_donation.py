@@ -42,6 +42,13 @@ def train(model, opt, x, y):
     return loss
 
 
+def assert_same_parameters(lazy, eager):
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        np.testing.assert_allclose(
+            irt.to_torch(p_l).numpy(), p_e.detach().numpy(), rtol=1e-5, atol=1e-7
+        )
+
+
 def lazy_step(model, opt, x, y):
     loss = train(model, opt, irt.to_lazy(x), irt.to_lazy(y))
     irt.mark_step()
@@ -78,10 +85,7 @@ def test_mark_step_donates_parameters_and_optimizer_state(shard):
                 memory["arguments"] + memory["outputs"] + memory["temporaries"]
             )
         del before
-    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
-        np.testing.assert_allclose(
-            irt.to_torch(p_l).numpy(), p_e.detach().numpy(), rtol=1e-5, atol=1e-7
-        )
+    assert_same_parameters(lazy, eager)
 
 
 def test_a_copy_taken_before_the_step_keeps_its_value():
@@ -171,10 +175,7 @@ def test_compile_step_replays_donate_and_copy_what_is_still_read():
     c = counters()
     assert c["StepReplay"] == 1 and c["DonationCopies"] == 1 and c["DonatedBuffers"] == 8
     np.testing.assert_array_equal(irt.to_torch(kept).numpy(), expected.numpy())
-    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
-        np.testing.assert_allclose(
-            irt.to_torch(p_l).numpy(), p_e.detach().numpy(), rtol=1e-5, atol=1e-7
-        )
+    assert_same_parameters(lazy, eager)
 
 
 def test_a_long_loop_donates_every_step_without_compiling_again():

@@ -26,6 +26,21 @@ _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permut
 LAST_RUN: list = [None]  # the Executable that ran last
 
 
+def memory_of(compiled) -> dict:
+    """Device bytes per device of a compiled jax program, from XLA's analysis (exact, on
+    every backend): ``arguments``, ``outputs``, ``temporaries``, ``aliased`` (outputs written
+    into donated arguments) and ``peak`` (their sum, less what is aliased)."""
+    m = compiled.memory_analysis()
+    out = {
+        "arguments": m.argument_size_in_bytes,
+        "outputs": m.output_size_in_bytes,
+        "temporaries": m.temp_size_in_bytes,
+        "aliased": m.alias_size_in_bytes,
+    }
+    out["peak"] = out["arguments"] + out["outputs"] + out["temporaries"] - out["aliased"]
+    return out
+
+
 class Executable:
     """A compiled graph: call ``run(arrays)`` with one array per parameter (in ``post_order``
     order of the graph's DeviceData nodes); it returns one array per root, in the roots' order.
@@ -69,18 +84,8 @@ class Executable:
         return outs if u is None else [outs[j] for j in u]
 
     def memory(self) -> dict:
-        """Device bytes per device, from XLA's analysis of the compiled program (exact, on
-        every backend): ``arguments``, ``outputs``, ``temporaries``, ``aliased`` (outputs
-        written into donated arguments) and ``peak`` (their sum, less what is aliased)."""
-        m = self.compiled.memory_analysis()
-        out = {
-            "arguments": m.argument_size_in_bytes,
-            "outputs": m.output_size_in_bytes,
-            "temporaries": m.temp_size_in_bytes,
-            "aliased": m.alias_size_in_bytes,
-        }
-        out["peak"] = out["arguments"] + out["outputs"] + out["temporaries"] - out["aliased"]
-        return out
+        """``memory_of`` the compiled program."""
+        return memory_of(self.compiled)
 
     def results(self, outs) -> list[DeviceData]:
         """One ``DeviceData`` per root, holding the arrays ``run`` returned."""
