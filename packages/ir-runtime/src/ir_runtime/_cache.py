@@ -16,7 +16,8 @@ from ir_runtime._dtypes import _X64, enable_x64
 from ir_runtime._errors import CompileError, LoweringError
 from ir_runtime._graph import Graph
 from ir_runtime._lower import lowered
-from ir_runtime._placement import spec_from_jax
+from ir_runtime._placement import spec_at, spec_from_jax
+from ir_sharding import ShardingKind
 
 # What else changes an executable. XLA reads its flags once, when the backend starts.
 _ENV = (jax.__version__, jaxlib.__version__, os.environ.get("XLA_FLAGS", ""))
@@ -196,7 +197,16 @@ def _aliasable(g: Graph, candidates: list, replaces: dict) -> tuple:
     warn that it was not usable."""
     if not candidates:
         return ()
-    ins, outs = g.in_shardings(), g.out_shardings()
+    # Compared as specs, not as jax shardings: those need the graph's Program, a walk of every
+    # node, which a cache hit never pays for otherwise. Replicated data and a parameter with no
+    # spec (replicated over the program's devices) are one placement, as jax sees them.
+    ins = {k: _placement(spec_at(g.params[k].sharding, 0)) for k in candidates}
+    outs = []  # per root: where its result must land (None: XLA chooses), as out_shardings
+    for r, v in enumerate(g.roots):
+        spec = g.pins[r] if g.pins else None
+        if spec is None:
+            spec = spec_at(v.node.sharding, v.index)
+        outs.append(None if spec is None else _placement(spec))
     roots = g.roots
 
     def fits(k, r) -> bool:
@@ -232,6 +242,16 @@ def _aliasable(g: Graph, candidates: list, replaces: dict) -> tuple:
                 rest.append(k)
         left = rest
     return tuple(sorted(pairs))
+
+
+_REPLICATED = object()  # the placement of replicated data, whatever spec says it
+
+
+def _placement(spec):
+    """A spec as ``_aliasable`` compares it: replicated (or no spec) as one value."""
+    if spec is None or spec.kind is ShardingKind.REPLICATED:
+        return _REPLICATED
+    return spec
 
 
 def _output_order(pairs: tuple, n: int):
