@@ -362,3 +362,18 @@ def test_nodes_are_not_tracked_by_the_cyclic_gc():
     _, _, _, top, out = small_graph()
     for obj in (out, top, Value(out), F32, out.operands, top.shapes):
         assert not gc.is_tracked(obj)
+
+
+def test_origin_is_carried_but_never_hashed():
+    leaf = DeviceData(F32)
+    where = ("train.py", 41)
+    a = Generic("aten::neg", [Value(leaf)], [F32], origin=where)
+    b = Generic("aten::neg", [Value(leaf)], [F32])
+    assert a.origin is where and b.origin is None and leaf.origin is None
+    assert a.node_hash == b.node_hash and a.dag_hash == b.dag_hash
+    assert graph_hash([Value(a)]) == graph_hash([Value(b)])
+    assert a.clone(attrs={"k": 1}).origin is where
+    assert a.clone(operands=[Value(DeviceData(F32))]).origin is where  # the rebuild path
+    moved = a.clone(origin=("eval.py", 7))
+    assert moved.origin == ("eval.py", 7) and moved.node_hash == a.node_hash
+    assert pickle.loads(pickle.dumps(a)).origin is None

@@ -18,6 +18,9 @@ cdef class Node:
     cdef object _attrs_view
     cdef object _sharding
     cdef bytes _sharding_bytes  # None when unsharded
+    # Where the node was recorded (any object the recorder chooses; None when not given).
+    # Neither hashed nor compared: the same computation recorded from two lines is one graph.
+    cdef object _origin
     cdef uint64_t _nh_lo, _nh_hi, _dh_lo, _dh_hi
     # Traversal scratch, not part of the node's identity or hash: written by _graph only while
     # it holds the GIL and calls no Python code, so two traversals never interleave.

@@ -448,6 +448,13 @@ cdef class Node:
         return self._sharding
 
     @property
+    def origin(self):
+        """Where the node was recorded, as its recorder gave it (``Generic(..., origin=...)``),
+        or None. Not hashed and not compared: it does not change what the node computes.
+        ``clone`` and ``relink`` keep it; pickling drops it."""
+        return self._origin
+
+    @property
     def node_hash(self):
         """XXH3-128 of the node itself: kind, op, shapes, attrs, sharding (a 128-bit int)."""
         return u128(self._nh_lo, self._nh_hi)
@@ -602,7 +609,7 @@ cdef dict _take_changes(dict changes, tuple fields, str kind):
 @cython.final
 @cython.no_gc
 cdef class Generic(Node):
-    """An operation: ``Generic(op, operands, shapes, attrs=None, sharding=None)``.
+    """An operation: ``Generic(op, operands, shapes, attrs=None, sharding=None, origin=None)``.
 
     Args:
         op: the operation's name, e.g. ``"aten::add.Tensor"``.
@@ -610,9 +617,11 @@ cdef class Generic(Node):
         shapes: one ``Shape`` per output.
         attrs: a mapping of str to None, bool, int, float, str, bytes or nested tuples of those.
         sharding: ``None``, or an annotation that defines ``canonical_bytes() -> bytes``.
+        origin: where the node was recorded, any object that refers to no node (a front end's
+            source location); neither hashed nor compared.
     """
 
-    def __cinit__(self, op, operands, shapes, attrs=None, sharding=None):
+    def __cinit__(self, op, operands, shapes, attrs=None, sharding=None, origin=None):
         cdef Buf b
         if op is _REBUILD:
             _init_with_operands(self, <Generic?>shapes, operands)
@@ -622,6 +631,7 @@ cdef class Generic(Node):
         self._shapes = _untracked(_check_shapes(shapes, self._op))
         self._sharding_bytes = _sharding_bytes(sharding)
         self._sharding = sharding
+        self._origin = origin
         buf_init(&b)
         try:
             _put_head(&b, _GENERIC_PREFIX, self._op, self._shapes)
@@ -633,7 +643,7 @@ cdef class Generic(Node):
     def clone(self, **changes):
         """A new ``Generic`` with the given fields replaced; this node is left as it is.
 
-        Fields: ``op``, ``operands``, ``shapes``, ``attrs``, ``sharding``.
+        Fields: ``op``, ``operands``, ``shapes``, ``attrs``, ``sharding``, ``origin``.
         """
         _take_changes(changes, _GENERIC_FIELDS, "Generic")
         if len(changes) == 1 and "operands" in changes:
@@ -644,10 +654,11 @@ cdef class Generic(Node):
             changes.get("shapes", self._shapes),
             changes.get("attrs", self.attrs),
             changes.get("sharding", self._sharding),
+            changes.get("origin", self._origin),
         )
 
 
-cdef tuple _GENERIC_FIELDS = ("op", "operands", "shapes", "attrs", "sharding")
+cdef tuple _GENERIC_FIELDS = ("op", "operands", "shapes", "attrs", "sharding", "origin")
 
 # Passed as ``op`` to build a Generic that copies everything but its operands from another one:
 # the node record does not include operands, so node_hash is copied and only dag_hash is
@@ -664,6 +675,7 @@ cdef int _init_with_operands(Generic self, Generic src, object operands) except 
     self._attrs_view = src._attrs_view
     self._sharding = src._sharding
     self._sharding_bytes = src._sharding_bytes
+    self._origin = src._origin
     self._nh_lo = src._nh_lo
     self._nh_hi = src._nh_hi
     buf_init(&b)

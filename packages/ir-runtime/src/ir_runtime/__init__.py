@@ -30,6 +30,7 @@ from ir_runtime._errors import (
     RuntimeIRError,
     UnsupportedOpError,
 )
+from ir_runtime._debug import set_debug
 from ir_runtime._execute import execute
 from ir_runtime._lower import lower
 from ir_runtime._lowering import RULES, register
@@ -77,6 +78,10 @@ __all__ = [
     "RuntimeIRError",
     "ShardedLoader",
     "UnsupportedOpError",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "axis_index",
     "clear_sharding",
     "compile",
     "compile_step",
@@ -95,10 +100,14 @@ __all__ = [
     "metrics_report",
     "process_count",
     "process_index",
+    "ppermute",
     "process_local_slices",
+    "reduce_scatter",
     "register_lowering",
     "reset_metrics",
     "scan_layers",
+    "set_debug",
+    "shard_map",
     "supported_ops",
     "to_device",
     "to_host",

@@ -11,7 +11,7 @@ import jax
 import jaxlib
 
 from ir_core import DeviceData, Shape, graph_fingerprint, graph_hash
-from ir_runtime import _collectives, _distributed, _metrics
+from ir_runtime import _collectives, _debug, _distributed, _metrics
 from ir_runtime._dtypes import _X64, enable_x64
 from ir_runtime._errors import CompileError, LoweringError
 from ir_runtime._graph import Graph
@@ -151,6 +151,8 @@ class CompileCache:
                         return exe, g
         _metrics.count("CacheMiss")
         _metrics.record("GraphNodes", len(g.order))
+        if _debug.DEBUG[0]:
+            _debug.compiled(g.order, _debug_extra(g, donate))
         exe = Executable(g, *donate, fingerprint)
         with self._lock:
             bucket = self._entries.get(key)
@@ -168,6 +170,17 @@ class CompileCache:
 
     def __len__(self):
         return sum(len(b) for b in self._entries.values())
+
+
+def _debug_extra(g: Graph, donate) -> dict:
+    """What else keys the program, as the debugger names it."""
+    return {
+        "donated parameters": list(donate[0]),
+        "pinned outputs": None if g.pins is None else [str(p) for p in g.pins],
+        "devices": list(g.device_ids),
+        "jax x64": jax.config.jax_enable_x64,
+        "XLA_FLAGS": _ENV[2],
+    }
 
 
 def _donate_indices(g: Graph, donate) -> tuple:

@@ -29,4 +29,53 @@ def distributed_client():
     return distributed.global_state.client
 
 
-__all__ = ["ArrayImpl", "backends_are_initialized", "distributed_client"]
+class _Frames:
+    """A traceback as jax's lowering reads one: ``raw_frames`` (innermost first), and ``+``
+    (jax appends the caller's traceback to each operation's in nested programs)."""
+
+    __slots__ = ("codes", "lastis")
+
+    def __init__(self, codes, lastis):
+        self.codes, self.lastis = codes, lastis
+
+    def raw_frames(self):
+        return self.codes, self.lastis
+
+    def __add__(self, outer):
+        codes, lastis = outer.raw_frames()
+        return self if not codes else _Frames(self.codes + list(codes), self.lastis + list(lastis))
+
+    def __radd__(self, inner):
+        codes, lastis = inner.raw_frames()
+        return self if not codes else _Frames(list(codes) + self.codes, list(lastis) + self.lastis)
+
+    def as_python_traceback(self):
+        return None
+
+
+def recorded_at(code, lasti):
+    """A context in which the jax operations traced say they come from instruction ``lasti``
+    of ``code`` (the torch line that recorded the node), in their StableHLO locations and XLA's
+    op metadata. jax takes an operation's location from the Python stack it was traced from,
+    which is a lowering rule's; its public API has no way to give another one."""
+    from jax._src import source_info_util
+
+    return source_info_util.user_context(_Frames([code], [lasti]))
+
+
+def one_frame_locations():
+    """A context in which jax writes one file:line location per operation (not the call-site
+    chain of a whole Python stack, which needs a real jaxlib traceback ``recorded_at`` cannot
+    make). The setting is jax's ``jax_include_full_tracebacks_in_locations``, as a context."""
+    from jax._src import config
+
+    return config.include_full_tracebacks_in_locations(False)
+
+
+__all__ = [
+    "ArrayImpl",
+    "backends_are_initialized",
+    "distributed_client",
+    "one_frame_locations",
+    "recorded_at",
+]

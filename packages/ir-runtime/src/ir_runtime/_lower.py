@@ -9,6 +9,7 @@ from ir_runtime import _metrics
 from ir_runtime._dtypes import enable_x64, name_of
 from ir_runtime._errors import LoweringError, RuntimeIRError
 from ir_runtime._graph import Graph
+from ir_runtime._jaxapi import one_frame_locations, recorded_at
 from ir_runtime._lowering import OPERANDS, rule_for
 from ir_runtime._placement import spec_at
 from ir_runtime._rewrite import rewrite
@@ -41,7 +42,16 @@ def lower_node(n, operands, program):
     if split is not None:
         operands = split.split(view.attrs, operands)
     try:
-        out = rule(view, *operands)
+        origin = n.origin
+        code = getattr(origin, "code", None)
+        if code is None:
+            with jax.named_scope(n.op):
+                out = rule(view, *operands)
+        else:
+            # The torch line that recorded the node becomes the location of every operation
+            # its rule traces; its function and the op name become their scope (XLA's op_name).
+            with recorded_at(code, origin.lasti), jax.named_scope(f"{code.co_qualname}:{n.op}"):
+                out = rule(view, *operands)
     except RuntimeIRError:
         raise
     except Exception as e:
@@ -99,10 +109,13 @@ def lowered(g: Graph, donate: tuple = (), order=None):
             donate_argnums=donate,
             keep_unused=True,
         )
-        return fn.lower(*g.abstract_params())
+        with one_frame_locations():
+            return fn.lower(*g.abstract_params())
 
 
-def lower(roots) -> str:
-    """The StableHLO text of the graph of ``roots`` (a ``Value`` or a list of them)."""
+def lower(roots, debug_info: bool = False) -> str:
+    """The StableHLO text of the graph of ``roots`` (a ``Value`` or a list of them);
+    ``debug_info``: with each operation's location (``loc(...)``: the file and line that
+    recorded its node, where the node has an ``origin``)."""
     enable_x64()
-    return lowered(Graph(roots)).as_text()
+    return lowered(Graph(roots)).as_text(debug_info=debug_info)

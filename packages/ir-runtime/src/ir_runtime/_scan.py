@@ -4,7 +4,7 @@ A stack of layers of one structure (``scan_layers`` in the front end) is recorde
 whose body is the graph of one layer, traced once on placeholders: the carry (the layer's
 input), one placeholder per parameter or buffer (each operand of the node stacks that tensor
 of every layer, layer first), and the body's free inputs (lifted scalars, the step's random
-key) as further operands. The node's ``body`` attribute names the body in ``BODIES`` by a
+key) as further operands. The node's ``body`` attribute names the body in ``_bodies`` by a
 digest of its exact graph, so equal stacks share a program, and the outer graph's hash says
 which body it runs.
 
@@ -16,15 +16,12 @@ The gradient node is ``jax.vjp`` of the same scan: the body's backward, compiled
 
 from __future__ import annotations
 
-import hashlib
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ir_core import DeviceData, graph_fingerprint, post_order
-from ir_runtime._bounded import Bounded
-from ir_runtime._errors import LoweringError
+from ir_core import DeviceData, post_order
+from ir_runtime import _bodies
 from ir_runtime._lower import lower_node
 from ir_runtime._lowering import register
 
@@ -62,25 +59,9 @@ class Body:
         return step
 
 
-BODIES = Bounded(256)  # digest -> Body
-
-
 def add_body(body: Body) -> str:
     """Register ``body`` (or find an equal one); returns the name the node carries."""
-    digest = hashlib.sha256(graph_fingerprint([body.root])).hexdigest()[:32]
-    body = BODIES.pop(digest, body)  # an equal body registered before stays, now the newest
-    BODIES[digest] = body
-    return digest
-
-
-def _body(node) -> Body:
-    body = BODIES.get(node.attrs["body"])
-    if body is None:
-        raise LoweringError(
-            f"the body of {node.op!r} ({node.attrs['body']}) is no longer registered: more than "
-            f"{BODIES.capacity} distinct layer stacks were recorded since; run the step sooner"
-        )
-    return body
+    return _bodies.add(body, [body.root], "ir::scan_layers")
 
 
 def _scan(body, layers, x, stacked, free):
@@ -92,14 +73,14 @@ def _scan(body, layers, x, stacked, free):
 @register("ir::scan_layers")
 def _scan_layers(node, x, *rest):
     p = node.attrs["params"]
-    return _scan(_body(node), node.attrs["layers"], x, rest[:p], rest[p:])
+    return _scan(_bodies.of(node), node.attrs["layers"], x, rest[:p], rest[p:])
 
 
 @register("ir::scan_layers_grad")
 def _scan_layers_grad(node, x, *rest):
     p, layers = node.attrs["params"], node.attrs["layers"]
     stacked, free, grad = rest[:p], rest[p:-1], rest[-1]
-    body = _body(node)
+    body = _bodies.of(node)
     _, vjp = jax.vjp(lambda x, s: _scan(body, layers, x, s, free), x, tuple(stacked))
     gx, gs = vjp(grad)
     return (gx, *gs)

@@ -15,7 +15,8 @@ Modules, lowest first (each imports only those above it):
 (writes in place) -> ``_dispatch`` (routing, ``@special``) -> ``_rng`` -> ``_step`` (mark_step,
 to_torch) -> ``_api`` -> the handlers (``_handlers``, ``_samplers``, ``_dynamic``,
 ``_factories``, ``_optim``) -> ``_capture`` (compile_step); beside them ``_checkpoint``,
-``_autocast``, ``_scan`` (scan_layers), ``_generate``, ``_loader``.
+``_autocast``, ``_scan`` (scan_layers), ``_shard_map`` (manual regions, collectives),
+``_generate``, ``_loader``.
 """
 
 from ir_runtime._dtypes import enable_x64
@@ -27,6 +28,7 @@ from ir_runtime._frontend import (
     _generate,  # noqa: F401
     _handlers,  # noqa: F401  (copies, host reads, aliases, batch norm, dropout)
     _optim,
+    _record,
     _rng,
     _samplers,  # noqa: F401  (random samplers)
     _step,
@@ -50,6 +52,15 @@ from ir_runtime._frontend._checkpoint_manager import (  # noqa: F401
 from ir_runtime._frontend._generate import generate  # noqa: F401
 from ir_runtime._frontend._loader import ShardedLoader  # noqa: F401
 from ir_runtime._frontend._scan import scan_layers  # noqa: F401
+from ir_runtime._frontend._shard_map import (  # noqa: F401
+    all_gather,
+    all_reduce,
+    all_to_all,
+    axis_index,
+    ppermute,
+    reduce_scatter,
+    shard_map,
+)
 from ir_runtime._frontend._step import mark_step, to_torch  # noqa: F401
 from ir_runtime._frontend._tensor import LazyTensor  # noqa: F401
 
@@ -61,6 +72,7 @@ def install() -> None:
     if _INSTALLED[0]:
         return
     enable_x64()
+    _record.configure_origins()
     _autocast.install()
     _checkpoint.install()
     _factories.install()

@@ -178,7 +178,7 @@ def clear_sharding(t) -> LazyTensor:
 def dump(tensors, format: str = "text") -> str:
     """The pending graph of ``tensors``: ``"text"``, ``"dot"``, ``"rewritten"`` (the text of the
     graph as it is lowered, after the rewrite rules of ``ir_runtime._rewrite``) or
-    ``"stablehlo"``."""
+    ``"stablehlo"`` (each operation's ``loc(...)`` the torch file and line that recorded it)."""
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
     roots = [as_value(t) for t in tensors]
@@ -189,7 +189,7 @@ def dump(tensors, format: str = "text") -> str:
     if format == "rewritten":
         return dump_text(rewrite(roots))
     if format == "stablehlo":
-        return lower(roots)
+        return lower(roots, debug_info=True)
     raise ValueError(f"format must be 'text', 'dot', 'rewritten' or 'stablehlo', got {format!r}")
 
 

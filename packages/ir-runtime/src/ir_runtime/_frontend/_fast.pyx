@@ -29,6 +29,13 @@ from ir_core import Generic, Value
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
     PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
+    ctypedef struct PyFrameObject
+    PyFrameObject* PyEval_GetFrame()                  # borrowed
+    PyFrameObject* PyFrame_GetBack(PyFrameObject* f)  # new reference
+    PyObject* PyFrame_GetCode(PyFrameObject* f)       # new reference
+    int PyFrame_GetLasti(PyFrameObject* f)
+    void Py_INCREF(PyObject* o)
+    void Py_DECREF(PyObject* o)
 
 # Argument kinds of an op's plan, defined here once: _record takes them from KINDS.
 cdef enum:
@@ -77,6 +84,118 @@ cdef list LIVE = []              # weak references to every lazy tensor, in crea
 cdef Py_ssize_t compact_at = 10_000
 cdef dict PLANS = {}             # id(OpOverload) -> Positional, for recordable non-view ops
 cdef dict NO_KWARGS = {}
+
+
+# Source lines. A node recorded for the user keeps an ``Origin``: the code object and the
+# instruction of the innermost frame that is the user's (not torch's, not this project's, not
+# the standard library's), found by walking up from the dispatch. Holding the code object, never
+# the frame, keeps the user's locals (their tensors) as free as they were; the text (file, line,
+# function) is worked out only when something asks for it.
+cdef bint ORIGINS = True
+cdef dict LIBRARY = {}  # co_filename -> whether it is a library's (a frame to walk past)
+cdef tuple LIBRARY_DIRS = ()
+cdef tuple USER_DIRS = ()  # under the standard library's directory, yet the user's
+
+
+@cython.final
+@cython.freelist(256)
+cdef class Origin:
+    """Where a node was recorded: ``code`` and ``lasti`` of the user's frame; ``filename``,
+    ``lineno``, ``function`` and ``str()`` (``file.py:41 (fn)``) worked out when read."""
+
+    cdef readonly object code
+    cdef readonly int lasti
+
+    @property
+    def filename(self):
+        return self.code.co_filename
+
+    @property
+    def function(self):
+        return self.code.co_qualname
+
+    @property
+    def lineno(self):
+        return self.position()[0]
+
+    def position(self):
+        """``(line, column)`` of the instruction (column None where Python has none)."""
+        k = 0
+        for line, _, column, _ in self.code.co_positions():
+            if k == self.lasti // 2:
+                return (line if line is not None else self.code.co_firstlineno), column
+            k += 1
+        return self.code.co_firstlineno, None
+
+    def short(self):
+        """``file.py:41``: the file's base name and the line."""
+        return f"{self.filename.rpartition('/')[2]}:{self.lineno}"  # (no negative index here)
+
+    def __str__(self):
+        return f"{self.filename}:{self.lineno} ({self.function})"
+
+    def __repr__(self):
+        return f"<Origin {self}>"
+
+    def __reduce__(self):
+        raise TypeError("an Origin refers to a code object and is not pickled")
+
+
+cdef bint is_library(object filename):
+    cdef PyObject* p = PyDict_GetItemWithError(LIBRARY, filename)
+    if p is not NULL:
+        return <object>p is True
+    lib = (<str>filename).startswith(LIBRARY_DIRS) and not (<str>filename).startswith(USER_DIRS)
+    if len(LIBRARY) > 65536:  # a program that makes code from endless new file names
+        LIBRARY.clear()
+    LIBRARY[filename] = lib
+    return lib
+
+
+cdef object origin_():
+    """The innermost user frame's ``Origin``, or None (none within 64 frames)."""
+    cdef PyFrameObject* f = PyEval_GetFrame()
+    cdef PyFrameObject* back
+    cdef PyObject* code
+    cdef int depth = 0
+    cdef Origin o
+    if f is NULL:
+        return None
+    back = f
+    Py_INCREF(<PyObject*>back)  # (borrowed: each frame the loop holds, it holds a reference to)
+    while back is not NULL and depth < 64:
+        code = PyFrame_GetCode(back)
+        if not is_library((<object>code).co_filename):
+            o = Origin.__new__(Origin)
+            o.code = <object>code
+            o.lasti = PyFrame_GetLasti(back)
+            Py_DECREF(code)
+            Py_DECREF(<PyObject*>back)
+            return o
+        Py_DECREF(code)
+        f = PyFrame_GetBack(back)
+        Py_DECREF(<PyObject*>back)
+        back = f
+        depth += 1
+    if back is not NULL:
+        Py_DECREF(<PyObject*>back)
+    return None
+
+
+def origin():
+    """The caller's ``Origin`` (the innermost user frame), or None when source lines are off."""
+    return origin_() if ORIGINS else None
+
+
+def set_origins(bint on, library_dirs=None, user_dirs=None):
+    """Record source lines (``on``); ``library_dirs``: the directories whose frames are walked
+    past; ``user_dirs``: directories among them that are the user's (site-packages)."""
+    global ORIGINS, LIBRARY_DIRS, USER_DIRS
+    ORIGINS = on
+    if library_dirs is not None:
+        LIBRARY_DIRS = tuple(library_dirs)
+        USER_DIRS = tuple(user_dirs or ())
+        LIBRARY.clear()
 
 
 def configure(*, lazy, meta, leaves, make_leaf_, default_float_, float_dtype_, attr_value_,
@@ -338,7 +457,7 @@ def torch_dispatch(cls, func, types, args=(), kwargs=None):
                     out = PyObject_Call(MAKE, (LAZY, (<tuple>layout)[2]), (<tuple>layout)[4])
                     out._ir = VALUE(
                         GENERIC(plan.op, (<tuple>prepared)[1], (<tuple>layout)[1],
-                                (<tuple>prepared)[2]),
+                                (<tuple>prepared)[2], None, origin_() if ORIGINS else None),
                         0,
                     )
                     track_(out)

@@ -197,7 +197,7 @@ def record(func, args, kwargs, plan: Plan | None = None, prepared=None):
         layout = infer(func, key, args, kwargs)
     if layout[0] == "none":
         return None
-    node = Generic(plan.op, operands, layout[1], attrs)
+    node = Generic(plan.op, operands, layout[1], attrs, None, _fast.origin())
     if layout[0] != "one":
         return _wrap_out(layout, node)
     out = LazyTensor.__new__(LazyTensor, Value(node, 0))
@@ -205,6 +205,29 @@ def record(func, args, kwargs, plan: Plan | None = None, prepared=None):
         out._view = (args[0], func, args[1:], kwargs)
         add_view(args[0], out)
     return out
+
+
+def configure_origins() -> None:
+    """Source lines on unless ``IR_RUNTIME_SOURCE_LINES=0``; the frames walked past to find the
+    user's: torch's, jax's, ir-core's, ir-sharding's, this package's and the standard library's
+    (not the site-packages inside it: a model's source, transformers' included, is the user's)."""
+    import os
+    import sysconfig
+
+    import ir_core
+    import ir_runtime
+    import ir_sharding
+    import jax
+
+    def folder(module):
+        return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+    paths = sysconfig.get_paths()
+    library = [folder(m) for m in (torch, jax, ir_core, ir_sharding, ir_runtime)]
+    library += [paths["stdlib"] + os.sep, paths["platstdlib"] + os.sep]
+    user = [paths["purelib"] + os.sep, paths["platlib"] + os.sep]
+    on = os.environ.get("IR_RUNTIME_SOURCE_LINES", "1") != "0"
+    _fast.set_origins(on, library, user)
 
 
 # The leaves' cache is bounded: a run whose Python scalars keep changing must not grow.

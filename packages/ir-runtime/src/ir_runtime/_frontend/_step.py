@@ -12,11 +12,11 @@ import torch
 import torch._lazy
 
 from ir_core import DeviceData, post_order
-from ir_runtime import _metrics
+from ir_runtime import _debug, _metrics
 from ir_runtime._collectives import references, wait_device_ops
 from ir_runtime._data import fetch
 from ir_runtime._execute import run_graph
-from ir_runtime._frontend import _rng
+from ir_runtime._frontend import _fast, _rng
 from ir_runtime._frontend._convert import host_tensor
 from ir_runtime._frontend._tensor import LazyTensor, live
 from ir_runtime._placement import spec_at
@@ -139,6 +139,8 @@ def materialize(t: LazyTensor) -> DeviceData:
         tensors = _sharing(t, busy)
         _metrics.count("HostRead")
         _metrics.count("HostReadTensors", len(tensors))
+        if _debug.DEBUG[0]:
+            _debug.host_read(_debug._shape_text(t._ir.shape), _fast.origin(), len(tensors))
         if len(tensors) < len(busy):  # what the others will still read is not donated
             chosen = {id(u) for u in tensors}
             rest = [u._ir for u in busy if id(u) not in chosen]
