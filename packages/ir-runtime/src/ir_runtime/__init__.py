@@ -17,6 +17,7 @@ compile.
 from ir_runtime._cache import CACHE, Executable, compile
 from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import GatherWarning, to_device, to_host
+from ir_runtime._debug import set_debug
 from ir_runtime._devices import devices, init
 from ir_runtime._distributed import process_count, process_index
 from ir_runtime._errors import (
@@ -30,7 +31,6 @@ from ir_runtime._errors import (
     RuntimeIRError,
     UnsupportedOpError,
 )
-from ir_runtime._debug import set_debug
 from ir_runtime._execute import execute
 from ir_runtime._lower import lower
 from ir_runtime._lowering import RULES, register
@@ -98,9 +98,9 @@ __all__ = [
     "mark_step",
     "metrics",
     "metrics_report",
+    "ppermute",
     "process_count",
     "process_index",
-    "ppermute",
     "process_local_slices",
     "reduce_scatter",
     "register_lowering",

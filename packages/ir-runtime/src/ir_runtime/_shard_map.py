@@ -59,7 +59,8 @@ class Region:
             env[id(self.free[self.key])] = (jax.random.key_data(k),)
         for node in self.order:
             if type(node) is not DeviceData:
-                env[id(node)] = lower_node(node, [env[id(v.node)][v.index] for v in node.operands], None)
+                operands = [env[id(v.node)][v.index] for v in node.operands]
+                env[id(node)] = lower_node(node, operands, None)
         return tuple(env[id(r.node)][r.index] for r in self.roots)
 
 
@@ -102,7 +103,8 @@ def _shard_map_grad(node, *operands):
     region = _bodies.of(node)
     f = sharded(node, region, jax_mesh(spec_at(node.sharding, 0)))
     n, wrt, outs = len(region.params), node.attrs["wrt"], node.attrs["outs"]
-    xs, free, cts = operands[:n], operands[n : n + len(region.free)], operands[n + len(region.free) :]
+    m = n + len(region.free)
+    xs, free, cts = operands[:n], operands[n:m], operands[m:]
 
     def differentiable(*diff):
         args = list(xs)
@@ -134,9 +136,7 @@ def _all_gather(node, x):
 
 @register("ir::reduce_scatter")
 def _reduce_scatter(node, x):
-    return lax.psum_scatter(
-        x, node.attrs["axes"], scatter_dimension=node.attrs["dim"], tiled=True
-    )
+    return lax.psum_scatter(x, node.attrs["axes"], scatter_dimension=node.attrs["dim"], tiled=True)
 
 
 @register("ir::all_to_all")

@@ -214,10 +214,11 @@ def configure_origins() -> None:
     import os
     import sysconfig
 
+    import jax
+
     import ir_core
     import ir_runtime
     import ir_sharding
-    import jax
 
     def folder(module):
         return os.path.dirname(os.path.abspath(module.__file__)) + os.sep

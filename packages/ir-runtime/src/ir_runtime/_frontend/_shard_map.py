@@ -71,9 +71,7 @@ def _entries(spec, rank: int, what: str, mesh: Mesh) -> tuple:
                 f"shard_map: {what} spec {spec!r} names an axis by index; name it "
                 f"(one of {list(mesh.axis_names)})"
             )
-    return tuple(
-        None if e is None else ((e,) if isinstance(e, str) else tuple(e)) for e in spec
-    )
+    return tuple(None if e is None else ((e,) if isinstance(e, str) else tuple(e)) for e in spec)
 
 
 def _size(axes, sizes: dict) -> int:
@@ -170,13 +168,12 @@ def _said(entries) -> str:
 def _trace(fn, mesh: Mesh, args, in_entries, sizes):
     """``fn`` on placeholders of the local shapes: (Region, its free Values, output Values,
     whether fn returned a tuple)."""
-    placeholders, wrapped, locals_ = [], [], []
+    placeholders, wrapped = [], []
     for k, (t, entries) in enumerate(zip(args, in_entries, strict=True)):
         local = _local_shape(tuple(t.shape), entries, sizes, f"input {k}")
         p = DeviceData(Shape(ir_dtype(t.dtype), local))
         placeholders.append(p)
         wrapped.append(wrap(Value(p)))
-        locals_.append((local, t.dtype))
     before = [w._ir for w in wrapped]
     reads = _step.EVENTS["host_reads"]
     _REGIONS.append(_Tracing(mesh))
@@ -221,7 +218,7 @@ def _trace(fn, mesh: Mesh, args, in_entries, sizes):
         free.append(n)
         values.append(Value(n))
     region = Region([o._ir for o in outs], placeholders, free, key_at, mesh.axis_names)
-    return region, values, outs, several, locals_
+    return region, values, outs, several
 
 
 class _ShardMap(torch.autograd.Function):
@@ -244,7 +241,9 @@ class _ShardMap(torch.autograd.Function):
         inputs = ctx.saved_tensors
         name, free, in_entries, out_entries, out_shapes, sharding, origin = ctx.meta
         wrt = tuple(
-            k for k, t in enumerate(inputs) if t.dtype.is_floating_point and ctx.needs_input_grad[k + 1]
+            k
+            for k, t in enumerate(inputs)
+            if t.dtype.is_floating_point and ctx.needs_input_grad[k + 1]
         )
         outs = tuple(k for k, s in enumerate(out_shapes) if s.dtype in _fast.FLOATS)
         if not wrt:
@@ -306,14 +305,16 @@ def shard_map(fn, mesh: Mesh, in_specs, out_specs):
             _entries(s, t.dim(), f"input {k}", mesh)
             for k, (s, t) in enumerate(zip(in_specs, args, strict=True))
         )
-        region, free, outs, several, locals_ = _trace(fn, mesh, args, in_entries, sizes)
+        region, free, outs, several = _trace(fn, mesh, args, in_entries, sizes)
         name = getattr(fn, "__qualname__", type(fn).__name__)
         specs = out_specs
         if not several:
             specs = (out_specs,)
-        elif isinstance(out_specs, (str, bytes)) or not hasattr(out_specs, "__iter__") or len(
-            tuple(out_specs)
-        ) != len(outs):
+        elif (
+            isinstance(out_specs, (str, bytes))
+            or not hasattr(out_specs, "__iter__")
+            or len(tuple(out_specs)) != len(outs)
+        ):
             raise ShardingError(
                 f"shard_map: {name} returns {len(outs)} tensors; out_specs must be a sequence "
                 f"of {len(outs)} partition specs, got {out_specs!r}"
@@ -455,7 +456,9 @@ def ppermute(t, axis, perm) -> LazyTensor:
         try:
             src, dst = p
         except (TypeError, ValueError):
-            raise ShardingError(f"ppermute: perm entries are (source, destination) pairs, got {p!r}") from None
+            raise ShardingError(
+                f"ppermute: perm entries are (source, destination) pairs, got {p!r}"
+            ) from None
         for v in (src, dst):
             if not isinstance(v, int) or not 0 <= v < n:
                 raise ShardingError(
