@@ -35,6 +35,7 @@ from ir_runtime._execute import execute
 from ir_runtime._lower import lower
 from ir_runtime._lowering import RULES, register
 from ir_runtime._metrics import metrics, metrics_report, reset_metrics
+from ir_runtime._profile import profile
 from ir_sharding import Mesh
 
 __version__ = "0.7.0"
@@ -95,6 +96,7 @@ __all__ = [
     "install",
     "lower",
     "mark_sharding",
+    "mark_sharding_with_gradients",
     "mark_step",
     "metrics",
     "metrics_report",
@@ -102,11 +104,13 @@ __all__ = [
     "process_count",
     "process_index",
     "process_local_slices",
+    "profile",
     "reduce_scatter",
     "register_lowering",
     "reset_metrics",
     "scan_layers",
     "set_debug",
+    "shard_as",
     "shard_map",
     "supported_ops",
     "to_device",

@@ -11,7 +11,7 @@ import jax
 import jaxlib
 
 from ir_core import DeviceData, Shape, graph_fingerprint, graph_hash
-from ir_runtime import _collectives, _debug, _distributed, _metrics
+from ir_runtime import _collectives, _debug, _distributed, _metrics, _profile
 from ir_runtime._dtypes import _X64, enable_x64
 from ir_runtime._errors import CompileError, LoweringError
 from ir_runtime._graph import Graph
@@ -54,7 +54,8 @@ class Executable:
         lowering = lowered(g, donate, order)
         start = time.perf_counter()
         try:
-            self.compiled = lowering.compile()
+            with _profile.span("ir_runtime.compile"):
+                self.compiled = lowering.compile()
         except Exception as e:
             raise CompileError(f"XLA could not compile the graph: {type(e).__name__}: {e}") from e
         _metrics.record("CompileTime", time.perf_counter() - start)
@@ -101,7 +102,11 @@ class Executable:
         if self.sync:
             _collectives.settle()
         try:
-            outs = self.compiled(*arrays)
+            if _profile.ACTIVE[0]:
+                with _profile.span("ir_runtime.execute"):
+                    outs = self.compiled(*arrays)
+            else:
+                outs = self.compiled(*arrays)
         except Exception as e:
             raise _distributed.device_failure(e, "the program") from e
         if self._unorder is not None:

@@ -72,7 +72,18 @@ def one_frame_locations():
     return config.include_full_tracebacks_in_locations(False)
 
 
+def all_gather_invariant(x, axes, dim: int):
+    """``lax.all_gather(x, axes, axis=dim, tiled=True)`` whose result jax knows to be the same
+    on every device along ``axes`` (invariant), so an out spec may leave those axes out, as a
+    gathered value is used; its transpose is each device's slice of the cotangent. jax's
+    public ``all_gather`` marks its result as varying, which a replicated out spec refuses."""
+    from jax._src.lax.parallel import all_gather_invariant
+
+    return all_gather_invariant(x, axes, axis=dim, tiled=True)
+
+
 __all__ = [
+    "all_gather_invariant",
     "ArrayImpl",
     "backends_are_initialized",
     "distributed_client",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 
 from ir_core import DeviceData, post_order
-from ir_runtime import _metrics
+from ir_runtime import _metrics, _profile
 from ir_runtime._dtypes import enable_x64, name_of
 from ir_runtime._errors import LoweringError, RuntimeIRError
 from ir_runtime._graph import Graph
@@ -101,7 +101,7 @@ def lowered(g: Graph, donate: tuple = (), order=None):
     """``jax.jit`` of the graph's function, lowered for its parameters' shapes and shardings;
     ``order``: the order it returns the roots' results in (None: theirs)."""
     outs = g.out_shardings()
-    with _metrics.timed("LowerTime"):
+    with _metrics.timed("LowerTime"), _profile.span("ir_runtime.lower"):
         fn = jax.jit(
             function(g, order),
             in_shardings=g.in_shardings(),

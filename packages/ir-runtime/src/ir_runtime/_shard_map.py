@@ -15,8 +15,12 @@ evaluates a graph: the collective nodes inside (``ir::all_reduce``, ``ir::all_ga
 mesh as its out spec says. A body that draws random numbers draws them from the step's key
 folded with the device's position in the mesh, so each device draws its own. The gradient node
 is ``jax.vjp`` of the same ``shard_map``: each collective transposes as jax defines it
-(``psum`` to ``psum``, ``all_gather`` to ``psum_scatter``, ``ppermute`` to the inverse
-permutation, ...).
+(``psum`` to ``psum``, ``psum_scatter`` to a gather, ``ppermute`` to the inverse
+permutation, ...). ``all_gather`` is jax's invariant gather: its result is the same on every
+device of the axes, so an out spec may leave them out, and its transpose gives each device its
+slice of the cotangent. ``all_reduce`` with "max" or "min", which jax does not differentiate,
+sends the cotangent to the devices holding the extreme value, shared evenly among ties (as
+torch's ``amax`` does).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from jax.sharding import PartitionSpec
 
 from ir_core import DeviceData, post_order
 from ir_runtime import _bodies
+from ir_runtime._jaxapi import all_gather_invariant
 from ir_runtime._lower import lower_node
 from ir_runtime._lowering import register
 from ir_runtime._placement import spec_at
@@ -123,15 +128,52 @@ def _shard_map_grad(node, *operands):
 @register("ir::all_reduce")
 def _all_reduce(node, x):
     axes, op = node.attrs["axes"], node.attrs["op"]
-    reduce = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[op]
     if x.dtype == jnp.bool_:  # (XLA reduces predicates as 0/1)
-        return reduce(x.astype(jnp.int32), axes).astype(jnp.bool_)
-    return reduce(x, axes)
+        return _all_reduce_as(x.astype(jnp.int32), axes, op).astype(jnp.bool_)
+    return _all_reduce_as(x, axes, op)
+
+
+def _all_reduce_as(x, axes, op):
+    if op == "sum":
+        return lax.psum(x, axes)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return (lax.pmax if op == "max" else lax.pmin)(x, axes)
+    return _extremum(x, axes, op)
+
+
+def _extremum(x, axes, op):
+    return _EXTREMUM(x, axes, op)
+
+
+def _make_extremum():
+    """``pmax`` / ``pmin`` with a gradient (jax defines none): the cotangent goes to the devices
+    that hold the extreme value, shared evenly among ties, as torch's ``amax`` does."""
+
+    def f(x, axes, op):
+        return (lax.pmax if op == "max" else lax.pmin)(x, axes)
+
+    g = jax.custom_vjp(f, nondiff_argnums=(1, 2))
+
+    def fwd(x, axes, op):
+        out = f(x, axes, op)
+        return out, (x, out)
+
+    def bwd(axes, op, saved, ct):
+        x, out = saved
+        hit = (x == out).astype(x.dtype)
+        return (ct * hit / lax.psum(hit, axes),)
+
+    g.defvjp(fwd, bwd)
+    return g
+
+
+_EXTREMUM = _make_extremum()
 
 
 @register("ir::all_gather")
 def _all_gather(node, x):
-    return lax.all_gather(x, node.attrs["axes"], axis=node.attrs["dim"], tiled=True)
+    # The gathered value is the same on every device of the axes (jax's invariant gather).
+    return all_gather_invariant(x, node.attrs["axes"], node.attrs["dim"])
 
 
 @register("ir::reduce_scatter")

@@ -15,7 +15,7 @@ Modules, lowest first (each imports only those above it):
 (writes in place) -> ``_dispatch`` (routing, ``@special``) -> ``_rng`` -> ``_step`` (mark_step,
 to_torch) -> ``_api`` -> the handlers (``_handlers``, ``_samplers``, ``_dynamic``,
 ``_factories``, ``_optim``) -> ``_capture`` (compile_step); beside them ``_checkpoint``,
-``_autocast``, ``_scan`` (scan_layers), ``_shard_map`` (manual regions, collectives),
+``_autocast``, ``_layouts`` (placements that follow into gradients), ``_scan`` (scan_layers), ``_shard_map`` (manual regions, collectives),
 ``_generate``, ``_loader``.
 """
 
@@ -50,6 +50,7 @@ from ir_runtime._frontend._checkpoint_manager import (  # noqa: F401
     consolidated_state_dict,
 )
 from ir_runtime._frontend._generate import generate  # noqa: F401
+from ir_runtime._frontend._layouts import mark_sharding_with_gradients, shard_as  # noqa: F401
 from ir_runtime._frontend._loader import ShardedLoader  # noqa: F401
 from ir_runtime._frontend._scan import scan_layers  # noqa: F401
 from ir_runtime._frontend._shard_map import (  # noqa: F401

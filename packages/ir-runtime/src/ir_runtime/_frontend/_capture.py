@@ -41,7 +41,7 @@ import warnings
 import torch
 
 from ir_core import DeviceData
-from ir_runtime import _metrics
+from ir_runtime import _metrics, _profile
 from ir_runtime._frontend import _step
 from ir_runtime._frontend._plan import (
     _flat,
@@ -123,7 +123,11 @@ class CompiledStep:
         self._key = key
         plan = self._replay.get(key)
         if plan is not None:
-            out = plan.replay(leaves, _data_nodes(leaves))
+            if _profile.ACTIVE[0]:
+                with _profile.span("ir_runtime.replay"):
+                    out = plan.replay(leaves, _data_nodes(leaves))
+            else:
+                out = plan.replay(leaves, _data_nodes(leaves))
             if type(out) is not _Miss:
                 self._failures[key] = 0
                 return out
@@ -143,7 +147,8 @@ class CompiledStep:
 
     def _trace(self, key, leaves: list, structure):
         _metrics.count("StepTraced")
-        plan, outputs = trace(self.fn, leaves, structure)
+        with _profile.span("ir_runtime.trace"):
+            plan, outputs = trace(self.fn, leaves, structure)
         self._settle(key, plan)
         return _unflatten(plan.structure, outputs)  # the lazy ones now hold their results
 

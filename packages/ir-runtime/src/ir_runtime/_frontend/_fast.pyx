@@ -272,6 +272,16 @@ def live():
     return alive
 
 
+def untrack(ids):
+    """Take the tensors whose ids are in ``ids`` out of the registry: no step computes them."""
+    cdef list refs = []
+    for r in LIVE:
+        t = <object>PyWeakref_GetObject(r)
+        if t is not None and id(t) not in ids:
+            refs.append(r)
+    LIVE[:] = refs
+
+
 def live_references():
     """The registry itself (weak references, oldest first): for tests of its invariants."""
     return LIVE

@@ -175,19 +175,23 @@ def _trace(fn, mesh: Mesh, args, in_entries, sizes):
         placeholders.append(p)
         wrapped.append(wrap(Value(p)))
     before = [w._ir for w in wrapped]
-    reads = _step.EVENTS["host_reads"]
+    name = getattr(fn, "__qualname__", type(fn).__name__)
     _REGIONS.append(_Tracing(mesh))
+    _step.REGIONS.append(name)
     try:
         with torch.no_grad():
             out = fn(*wrapped)
+        return _region_of(name, out, wrapped, before, placeholders, mesh)
+    except BaseException:
+        _step.abandon(placeholders)
+        raise
     finally:
         _REGIONS.pop()
-    name = getattr(fn, "__qualname__", type(fn).__name__)
-    if _step.EVENTS["host_reads"] != reads:
-        raise ShardingError(
-            f"shard_map: {name} reads a value to the host (.item(), a Python if on a "
-            f"tensor); a manual region must stay on the device"
-        )
+        _step.REGIONS.pop()
+
+
+def _region_of(name, out, wrapped, before, placeholders, mesh):
+    """The traced region (``_trace``), after checking what ``fn`` returned and read."""
     written = [k for k, w in enumerate(wrapped) if w._ir is not before[k]]
     if written:
         raise ShardingError(
@@ -306,36 +310,49 @@ def shard_map(fn, mesh: Mesh, in_specs, out_specs):
             for k, (s, t) in enumerate(zip(in_specs, args, strict=True))
         )
         region, free, outs, several = _trace(fn, mesh, args, in_entries, sizes)
-        name = getattr(fn, "__qualname__", type(fn).__name__)
-        specs = out_specs
-        if not several:
-            specs = (out_specs,)
-        elif (
-            isinstance(out_specs, (str, bytes))
-            or not hasattr(out_specs, "__iter__")
-            or len(tuple(out_specs)) != len(outs)
-        ):
-            raise ShardingError(
-                f"shard_map: {name} returns {len(outs)} tensors; out_specs must be a sequence "
-                f"of {len(outs)} partition specs, got {out_specs!r}"
+        try:
+            return _record_region(
+                fn, mesh, args, out_specs, region, free, outs, several, in_entries, sizes, origin
             )
-        out_entries = tuple(
-            _entries(s, o.dim(), f"output {k}", mesh)
-            for k, (s, o) in enumerate(zip(specs, outs, strict=True))
-        )
-        body = add_region(region)
-        _check_with_jax(body, region, in_entries, out_entries, mesh, args, name)
-        out_shapes = [
-            Shape(ir_dtype(o.dtype), _global_shape(tuple(o.shape), e, sizes))
-            for o, e in zip(outs, out_entries, strict=True)
-        ]
-        sharding = TupleSharding([ShardingSpec(mesh, e) for e in out_entries])
-        meta = (body, free, in_entries, out_entries, out_shapes, sharding, origin)
-        results = _ShardMap.apply(meta, *args)
-        return tuple(results) if several else results[0]
+        except BaseException:
+            _step.abandon(region.params)
+            raise
 
     mapped.__wrapped__ = fn
     return mapped
+
+
+def _record_region(
+    fn, mesh, args, out_specs, region, free, outs, several, in_entries, sizes, origin
+):
+    """The region's node, recorded once its outputs are checked against ``out_specs``."""
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    specs = out_specs
+    if not several:
+        specs = (out_specs,)
+    elif (
+        isinstance(out_specs, (str, bytes))
+        or not hasattr(out_specs, "__iter__")
+        or len(tuple(out_specs)) != len(outs)
+    ):
+        raise ShardingError(
+            f"shard_map: {name} returns {len(outs)} tensors; out_specs must be a sequence "
+            f"of {len(outs)} partition specs, got {out_specs!r}"
+        )
+    out_entries = tuple(
+        _entries(s, o.dim(), f"output {k}", mesh)
+        for k, (s, o) in enumerate(zip(specs, outs, strict=True))
+    )
+    body = add_region(region)
+    _check_with_jax(body, region, in_entries, out_entries, mesh, args, name)
+    out_shapes = [
+        Shape(ir_dtype(o.dtype), _global_shape(tuple(o.shape), e, sizes))
+        for o, e in zip(outs, out_entries, strict=True)
+    ]
+    sharding = TupleSharding([ShardingSpec(mesh, e) for e in out_entries])
+    meta = (body, free, in_entries, out_entries, out_shapes, sharding, origin)
+    results = _ShardMap.apply(meta, *args)
+    return tuple(results) if several else results[0]
 
 
 def _region(what: str) -> _Tracing:

@@ -12,7 +12,7 @@ import torch
 import torch._lazy
 
 from ir_core import DeviceData, post_order
-from ir_runtime import _debug, _metrics
+from ir_runtime import _debug, _metrics, _profile
 from ir_runtime._collectives import references, wait_device_ops
 from ir_runtime._data import fetch
 from ir_runtime._execute import run_graph
@@ -20,6 +20,7 @@ from ir_runtime._frontend import _fast, _rng
 from ir_runtime._frontend._convert import host_tensor
 from ir_runtime._frontend._tensor import LazyTensor, live
 from ir_runtime._placement import spec_at
+from ir_sharding import ShardingError
 
 
 def pending(t: LazyTensor) -> bool:
@@ -113,10 +114,28 @@ _last_step_end = [None]
 EVENTS = {"host_reads": 0, "mark_steps": 0}
 
 
+# The manual regions being traced, innermost last (their functions' names): what they record
+# reads placeholders, which have no data to read.
+REGIONS: list = []
+
+
+def abandon(placeholders) -> None:
+    """After a failed trace on ``placeholders``: no step computes what was recorded on them
+    (tensors an exception's traceback keeps alive would otherwise fail every later step)."""
+    ids = {id(p) for p in placeholders}
+    dead = set()
+    for t in live():
+        if any(id(n) in ids for n in post_order([t._ir]) if type(n) is DeviceData):
+            dead.add(id(t))
+    if dead:
+        _fast.untrack(dead)
+
+
 def mark_step() -> None:
     """Run everything the live lazy tensors are waiting for, as one program, and bind each
     tensor to its result. Tensors no longer alive are not computed."""
     start = time.perf_counter()
+    _profile.step_started()
     EVENTS["mark_steps"] += 1
     if _last_step_end[0] is not None:
         # Host time between two steps: recording the step (and whatever else the loop does).
@@ -124,9 +143,10 @@ def mark_step() -> None:
     tensors, held = split_live()
     _rng.next_step()
     if tensors:
-        with _metrics.timed("MarkStepTime"):
+        with _metrics.timed("MarkStepTime"), _profile.span("ir_runtime.mark_step"):
             run(tensors, held)
     _last_step_end[0] = time.perf_counter()
+    _profile.step_ended()
 
 
 def materialize(t: LazyTensor) -> DeviceData:
@@ -134,6 +154,12 @@ def materialize(t: LazyTensor) -> DeviceData:
     whose graph shares a node with it: those values are computed by the same program at little
     cost, and no later read or step runs that history again (a decoding loop that reads a
     stopping flag per token runs one token's program per read, not everything so far)."""
+    if REGIONS:
+        raise ShardingError(
+            f"shard_map: {REGIONS[-1]} reads a value to the host (.item(), a Python if on a "
+            f"tensor); a manual region is traced once, on placeholders, and must stay on the "
+            f"device"
+        )
     if pending(t):
         busy, held = split_live()
         tensors = _sharing(t, busy)

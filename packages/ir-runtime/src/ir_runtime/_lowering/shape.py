@@ -307,3 +307,19 @@ def _optimization_barrier(node, *xs):
     """The operands unchanged, as values XLA may neither see through nor compute before all of
     them exist (activation checkpointing's recompute)."""
     return tuple(lax.optimization_barrier(tuple(xs)))
+
+
+@register("ir::annotate")
+def _annotate(node, x):
+    """``x`` unchanged: the node exists for its sharding, which lowering applies to its
+    output (``mark_sharding_with_gradients``'s gradient, ``shard_as``)."""
+    return x
+
+
+@register("ir::shard_alike")
+def _shard_alike(node, x, y):
+    """``x`` and ``y`` unchanged, placed alike: XLA picks one placement for both (``shard_as``
+    when neither is annotated)."""
+    from jax.experimental.shard_alike import shard_alike
+
+    return tuple(shard_alike(x, y))
