@@ -95,6 +95,52 @@ def torch_layout_step_fn(xs, rep, lr=0.01):
     return jax.jit(step, in_shardings=(ws, rep, xs, xs), out_shardings=(ws, rep, rep)), ws
 
 
+class _Block(torch.nn.Module):
+    """Ops recorded inside a module's forward, under nn.Module's call frames: a deeper stack
+    for the walk to the user's frame than a loop at top level."""
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(x) * 0.5 + 1.0
+
+
+def bench_source_lines(n, rounds):
+    """Trace cost with source lines on against off (``_fast.set_origins``), us/op, in a flat
+    loop and inside a module's forward; each round's ratio pairs adjacent measurements."""
+    from ir_runtime._frontend import _fast
+
+    x = irt.to_lazy(torch.ones(8, 8))
+    block = _Block()
+
+    def flat():
+        return trace_round(x, n)
+
+    def nested():
+        t0 = time.perf_counter()
+        y = x
+        for _ in range(n // 3):
+            y = block(y)
+        return (time.perf_counter() - t0) / (3 * (n // 3)) * 1e6
+
+    out = {}
+    try:
+        for name, run in (("flat", flat), ("in_module", nested)):
+            on, off = [], []
+            run()
+            for _ in range(rounds):
+                _fast.set_origins(True)
+                on.append(run())
+                _fast.set_origins(False)
+                off.append(run())
+            out[name] = {
+                "on_us": round(statistics.median(on), 2),
+                "off_us": round(statistics.median(off), 2),
+                "ratio": round(statistics.median(a / b for a, b in zip(on, off, strict=True)), 3),
+            }
+    finally:
+        _fast.set_origins(True)
+    return out
+
+
 def bench_step(batch, n_in, n_out, steps):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, n_in)).astype(np.float32)
@@ -195,6 +241,7 @@ def main():
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     trace = bench_trace(10_000, 15)
+    lines = bench_source_lines(6_000, 15)
     tiny = bench_step(16, 32, 8, args.steps)
     large = bench_step(1024, 1024, 1024, max(10, args.steps // 2))
     print(
@@ -206,6 +253,10 @@ def main():
         f"ir_runtime lazy {trace['lazy_us']:.2f}   ratio {trace['ratio']:.2f}"
     )
     print("targets: at most 7 us/op and 1.3x the floor")
+    print("\nSource lines (each node's origin): trace cost on / off, us/op")
+    for name, r in lines.items():
+        print(f"  {name:<10} on {r['on_us']:.2f}   off {r['off_us']:.2f}   ratio {r['ratio']:.3f}")
+    print("target: at most 1.1x")
     print(
         f"\nLinear-model SGD step through the front end, 4x2 mesh, us per step (medians of "
         f"blocks of {BLOCK} steps, each block waited for)"
@@ -225,11 +276,13 @@ def main():
     print("targets: tiny at most 1.5x jax.jit; large at most 1.1x")
     results = {
         "trace": trace,
+        "source_lines": lines,
         "sgd_tiny": tiny,
         "sgd_large": large,
         "targets": {
             "trace_us_max": 7,
             "trace_ratio_max": 1.3,
+            "source_lines_ratio_max": 1.1,
             "tiny_ratio_max": 1.5,
             "large_ratio_max": 1.1,
         },

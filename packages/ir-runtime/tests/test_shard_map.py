@@ -261,7 +261,7 @@ def test_collectives_outside_a_region_and_other_misuse():
         lambda: irt.all_gather(x, "data"),
         lambda: irt.axis_index("data"),
     ):
-        with pytest.raises(ShardingError, match="inside a function run by ir_runtime.shard_map"):
+        with pytest.raises(ShardingError, match=r"inside a function run by ir_runtime\.shard_map"):
             call()
     f = irt.shard_map(lambda a, b: a, MESH, in_specs=(("data", None),), out_specs=("data",))
     with pytest.raises(ShardingError, match="in_specs has 1 specs for 2 arguments"):

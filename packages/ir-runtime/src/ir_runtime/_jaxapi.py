@@ -6,6 +6,8 @@ makes one public, this module is the only one to change.
 
 from __future__ import annotations
 
+import contextlib
+
 # jax.Array's concrete type. Placing a step's parameters checks every buffer's type on the hot
 # path; ``isinstance(h, jax.Array)`` goes through an ABC's subclass hook and costs several times
 # an exact ``type(h) is ArrayImpl``.
@@ -63,13 +65,28 @@ def recorded_at(code, lasti):
     return source_info_util.user_context(_Frames([code], [lasti]))
 
 
+_OWN_CACHES: list = []  # the user context that keeps jax's caches of our lowerings apart
+
+
+@contextlib.contextmanager
 def one_frame_locations():
-    """A context in which jax writes one file:line location per operation (not the call-site
-    chain of a whole Python stack, which needs a real jaxlib traceback ``recorded_at`` cannot
-    make). The setting is jax's ``jax_include_full_tracebacks_in_locations``, as a context."""
+    """A context for lowering graphs whose operations ``recorded_at`` locates.
+
+    jax writes one file:line location per operation (not the call-site chain of a whole Python
+    stack, which needs a real jaxlib traceback, which ``recorded_at`` cannot make): its
+    ``jax_include_full_tracebacks_in_locations`` setting, as a context. And jax's caches of
+    what is traced inside (the jaxprs of jitted helpers such as ``jax.nn.relu``) are kept apart
+    from the user's own, through a public ``jax.make_user_context``: a jaxpr traced here holds
+    ``recorded_at``'s stand-in tracebacks, which jax's full-traceback lowering of the user's
+    own programs would refuse."""
     from jax._src import config
 
-    return config.include_full_tracebacks_in_locations(False)
+    if not _OWN_CACHES:
+        import jax
+
+        _OWN_CACHES.append(jax.make_user_context(None))
+    with config.include_full_tracebacks_in_locations(False), _OWN_CACHES[0]("ir_runtime"):
+        yield
 
 
 def all_gather_invariant(x, axes, dim: int):
@@ -83,8 +100,8 @@ def all_gather_invariant(x, axes, dim: int):
 
 
 __all__ = [
-    "all_gather_invariant",
     "ArrayImpl",
+    "all_gather_invariant",
     "backends_are_initialized",
     "distributed_client",
     "one_frame_locations",

@@ -15,8 +15,8 @@ Modules, lowest first (each imports only those above it):
 (writes in place) -> ``_dispatch`` (routing, ``@special``) -> ``_rng`` -> ``_step`` (mark_step,
 to_torch) -> ``_api`` -> the handlers (``_handlers``, ``_samplers``, ``_dynamic``,
 ``_factories``, ``_optim``) -> ``_capture`` (compile_step); beside them ``_checkpoint``,
-``_autocast``, ``_layouts`` (placements that follow into gradients), ``_scan`` (scan_layers), ``_shard_map`` (manual regions, collectives),
-``_generate``, ``_loader``.
+``_autocast``, ``_layouts`` (placements that follow into gradients), ``_scan``
+(scan_layers), ``_shard_map`` (manual regions, collectives), ``_generate``, ``_loader``.
 """
 
 from ir_runtime._dtypes import enable_x64

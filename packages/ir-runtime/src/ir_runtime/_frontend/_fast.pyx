@@ -93,8 +93,9 @@ cdef dict NO_KWARGS = {}
 # function) is worked out only when something asks for it.
 cdef bint ORIGINS = True
 cdef dict LIBRARY = {}  # co_filename -> whether it is a library's (a frame to walk past)
-cdef tuple LIBRARY_DIRS = ()
-cdef tuple USER_DIRS = ()  # under the standard library's directory, yet the user's
+cdef tuple LIBRARY_DIRS = ()  # packages whose frames are walked past
+cdef tuple STDLIB_DIRS = ()  # the standard library's, walked past too...
+cdef tuple USER_DIRS = ()  # ...but for what under them is the user's (site-packages)
 
 
 @cython.final
@@ -145,7 +146,8 @@ cdef bint is_library(object filename):
     cdef PyObject* p = PyDict_GetItemWithError(LIBRARY, filename)
     if p is not NULL:
         return <object>p is True
-    lib = (<str>filename).startswith(LIBRARY_DIRS) and not (<str>filename).startswith(USER_DIRS)
+    lib = (<str>filename).startswith(LIBRARY_DIRS) or (
+        (<str>filename).startswith(STDLIB_DIRS) and not (<str>filename).startswith(USER_DIRS))
     if len(LIBRARY) > 65536:  # a program that makes code from endless new file names
         LIBRARY.clear()
     LIBRARY[filename] = lib
@@ -187,14 +189,16 @@ def origin():
     return origin_() if ORIGINS else None
 
 
-def set_origins(bint on, library_dirs=None, user_dirs=None):
-    """Record source lines (``on``); ``library_dirs``: the directories whose frames are walked
-    past; ``user_dirs``: directories among them that are the user's (site-packages)."""
-    global ORIGINS, LIBRARY_DIRS, USER_DIRS
+def set_origins(bint on, library_dirs=None, stdlib_dirs=(), user_dirs=()):
+    """Record source lines (``on``); ``library_dirs``: the packages whose frames are walked
+    past; ``stdlib_dirs``: the standard library's, walked past but for ``user_dirs`` inside
+    them (the site-packages of a Python whose packages live under its standard library)."""
+    global ORIGINS, LIBRARY_DIRS, STDLIB_DIRS, USER_DIRS
     ORIGINS = on
     if library_dirs is not None:
         LIBRARY_DIRS = tuple(library_dirs)
-        USER_DIRS = tuple(user_dirs or ())
+        STDLIB_DIRS = tuple(stdlib_dirs)
+        USER_DIRS = tuple(user_dirs)
         LIBRARY.clear()
 
 

@@ -225,10 +225,10 @@ def configure_origins() -> None:
 
     paths = sysconfig.get_paths()
     library = [folder(m) for m in (torch, jax, ir_core, ir_sharding, ir_runtime)]
-    library += [paths["stdlib"] + os.sep, paths["platstdlib"] + os.sep]
+    stdlib = [paths["stdlib"] + os.sep, paths["platstdlib"] + os.sep]
     user = [paths["purelib"] + os.sep, paths["platlib"] + os.sep]
     on = os.environ.get("IR_RUNTIME_SOURCE_LINES", "1") != "0"
-    _fast.set_origins(on, library, user)
+    _fast.set_origins(on, library, stdlib, user)
 
 
 # The leaves' cache is bounded: a run whose Python scalars keep changing must not grow.

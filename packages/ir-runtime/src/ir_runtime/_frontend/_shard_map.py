@@ -33,6 +33,7 @@ from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._frontend import _fast, _rng, _step
 from ir_runtime._frontend._convert import IR_TO_TORCH, ir_dtype
 from ir_runtime._frontend._tensor import LazyTensor, wrap
+from ir_runtime._jaxapi import one_frame_locations
 from ir_runtime._shard_map import Region, add_region, jax_mesh, sharded
 from ir_sharding import Mesh, ShardingError, ShardingSpec, TupleSharding
 
@@ -127,7 +128,8 @@ def _check_with_jax(name, region, in_entries, out_entries, mesh, args, fn_name):
     args = [jax.ShapeDtypeStruct(s.dims, to_numpy_dtype(s.dtype)) for s in shapes]
     try:
         fn = sharded(node, region, jax_mesh(ShardingSpec.replicated(mesh)), watched)
-        jax.eval_shape(fn, *args)
+        with one_frame_locations():  # (what is traced here is located as lowering locates it)
+            jax.eval_shape(fn, *args)
     except Exception as e:
         for k, (vma, entries) in enumerate(zip(varies, out_entries, strict=False)):
             split = {a for axes in entries if axes for a in axes}
