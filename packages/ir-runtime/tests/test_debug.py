@@ -230,3 +230,25 @@ def test_the_users_own_jax_programs_are_untouched_by_our_locations():
     text = jax.jit(mine).lower(xa, wa).as_text(debug_info=True)
     assert f":{line_of('relu-line')}:" not in text
     assert float(jax.jit(mine)(xa, wa).sum()) == 64**3
+
+
+def test_outputs_that_come_and_go_and_a_tensor_passed_twice_are_named(debug, capsys):
+    x = irt.to_lazy(torch.ones(4))
+    for keep in (False, True):
+        h = x * 2
+        out = h + 1
+        if not keep:
+            del h  # logged on some steps only: one more live tensor, one more output
+        irt.mark_step()
+    err = capsys.readouterr().err
+    assert out.shape == (4,)
+    assert "the step computes 2 tensors, 1 before" in err
+
+    a, b = irt.to_lazy(torch.ones(4)), irt.to_lazy(torch.ones(4))
+    for second in (b, a):
+        r = a * second  # mul-line
+        irt.mark_step()
+    err = capsys.readouterr().err
+    assert r.shape == (4,)
+    mul = f"`aten::mul.Tensor` at {HERE}:{line_of('mul-line')}"
+    assert f"{mul}: input 1 is another value now: data input 0" in err

@@ -345,3 +345,76 @@ def test_shard_as_gradients_flow_like_eager():
     torch.testing.assert_close(a.grad.cpu(), ae.grad)
     torch.testing.assert_close(b.grad.cpu(), be.grad)
     assert inspect is not None
+
+
+def test_two_functions_of_one_graph_but_another_wiring_are_two_bodies():
+    a, b = lazy(np.arange(8.0, dtype=np.float32)[:, None], False), lazy(np.ones((8, 1)), False)
+    b = b.float()
+    specs = {"in_specs": (("data", None), ("data", None)), "out_specs": ("data", None)}
+    first = irt.shard_map(lambda x, y: x - y, MESH, **specs)(a, b)
+    second = irt.shard_map(lambda x, y: y - x, MESH, **specs)(a, b)
+    twice = irt.shard_map(lambda x, y: y * 2, MESH, **specs)(a, b)
+    torch.testing.assert_close(first.cpu(), a.cpu() - 1)
+    torch.testing.assert_close(second.cpu(), 1 - a.cpu())
+    torch.testing.assert_close(twice.cpu(), torch.full((8, 1), 2.0))
+
+
+def test_a_region_that_writes_another_tensor_is_refused_and_the_tensor_keeps_its_value():
+    buf = irt.to_lazy(torch.zeros(2, 4))
+    kept = {}
+
+    def writes(x):
+        buf.add_(x.sum(0, keepdim=True)[:, :4].expand(2, 4))
+        return x
+
+    def stores(x):
+        kept["h"] = x * 2  # an intermediate kept past the trace: never computed by a step
+        return x + 1
+
+    x = irt.to_lazy(torch.ones(8, 4))
+    with pytest.raises(ShardingError, match=r"writes a tensor \[2, 4\] float32 that is not one"):
+        irt.shard_map(writes, MESH, in_specs=(("data", None),), out_specs=("data", None))(x)
+    y = irt.shard_map(stores, MESH, in_specs=(("data", None),), out_specs=("data", None))(x)
+    z = buf + 1
+    irt.mark_step()  # neither the refused write nor the stored intermediate is run
+    assert z.cpu().tolist() == [[1.0] * 4] * 2 and y.cpu().sum().item() == 64
+    with pytest.raises(ShardingError, match="calls mark_step"):
+        irt.shard_map(lambda t: (irt.mark_step(), t)[1], MESH, in_specs=((None, None),),
+                      out_specs=(None, None))(x)  # fmt: skip
+    with pytest.raises(ShardingError, match="at least one dimension, got a 0-d one"):
+        irt.shard_map(lambda t: irt.all_gather(t.sum(), "data"), MESH, in_specs=((None, None),),
+                      out_specs=(None,))(x)  # fmt: skip
+
+
+def test_random_numbers_differ_across_data_shards_and_agree_across_replicas():
+    x = irt.to_lazy(torch.zeros(8, 4))
+    y = irt.shard_map(
+        lambda x: torch.nn.functional.dropout(x + 1, 0.5),
+        MESH,
+        in_specs=(("data", None),),
+        out_specs=("data", None),
+    )(x)  # split over "data" only: the two "model" replicas of a shard are one computation
+    blocks = y.cpu().reshape(4, 2, 4)
+    assert all(not torch.equal(blocks[i], blocks[j]) for i in range(4) for j in range(i))
+    assert set(y.cpu().unique().tolist()) <= {0.0, 2.0}
+
+
+def test_second_order_gradients_through_a_region_are_refused_not_wrong():
+    x = lazy(np.ones((8, 2), np.float32))
+    y = irt.shard_map(lambda t: t**3, MESH, in_specs=(("data", None),), out_specs=("data", None))
+    (g,) = torch.autograd.grad((y(x) + x**3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="first-order gradients only"):
+        g.sum().backward()
+    (g,) = torch.autograd.grad(y(x).sum(), x)  # first order: as ever
+    assert g.cpu().tolist() == [[3.0, 3.0]] * 8
+
+
+def test_mark_sharding_with_gradients_each_step_keeps_one_constraint():
+    lin = irt.to_lazy(torch.nn.Linear(8, 8))
+    for _ in range(3):
+        irt.mark_sharding_with_gradients(lin.weight, MESH, ("data", None))
+        lin(irt.to_lazy(torch.ones(4, 8))).sum().backward()
+        text = irt.dump([lin.weight.grad], format="text")
+        irt.mark_step()
+        lin.weight.grad = None
+    assert text.count("ir::annotate") == 1

@@ -156,9 +156,11 @@ class CompileCache:
                         return exe, g
         _metrics.count("CacheMiss")
         _metrics.record("GraphNodes", len(g.order))
+        summary = None
         if _debug.DEBUG[0]:
-            _debug.compiled(g.order, _debug_extra(g, donate))
+            summary = _debug.compiling(g.order, g.roots, _debug_extra(g, donate))
         exe = Executable(g, *donate, fingerprint)
+        _debug.compiled(summary)
         with self._lock:
             bucket = self._entries.get(key)
             if bucket is None:
@@ -181,10 +183,11 @@ def _debug_extra(g: Graph, donate) -> dict:
     """What else keys the program, as the debugger names it."""
     return {
         "donated parameters": list(donate[0]),
+        "the order of the results (donation's pairing)": donate[1],
         "pinned outputs": None if g.pins is None else [str(p) for p in g.pins],
         "devices": list(g.device_ids),
         "jax x64": jax.config.jax_enable_x64,
-        "XLA_FLAGS": _ENV[2],
+        "jax, jaxlib, XLA_FLAGS": _ENV,
     }
 
 

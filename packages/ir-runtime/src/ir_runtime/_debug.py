@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections import Counter, deque
 from difflib import SequenceMatcher
 
@@ -26,6 +27,7 @@ DEBUG = [os.environ.get("IR_RUNTIME_DEBUG", "0") not in ("", "0")]
 KEEP = 32  # summaries of the last graphs compiled, to compare the next one with
 _SUMMARIES: deque = deque(maxlen=KEEP)
 _COMPILES = [0]  # compiles seen while debugging
+_LOCK = threading.Lock()  # (graphs may be compiled from several threads)
 _ALIGN_LIMIT = 20_000  # nodes beyond which graphs are compared position by position
 
 
@@ -57,10 +59,11 @@ class Summary:
     output shapes, attributes, sharding, operand positions and origin; and the other parts of
     the program's key (``extra``: name -> value)."""
 
-    __slots__ = ("count", "extra", "nodes", "number")
+    __slots__ = ("count", "extra", "nodes", "number", "roots")
 
-    def __init__(self, order, extra: dict, number: int):
+    def __init__(self, order, roots, extra: dict, number: int):
         position = {id(n): k for k, n in enumerate(order)}
+        self.roots = tuple((position[id(r.node)], r.index) for r in roots)
         self.nodes = [
             (
                 n.op,
@@ -107,19 +110,23 @@ def _key(rec) -> tuple:
     return (op, getattr(origin, "code", None), getattr(origin, "lasti", None))
 
 
-def compiled(order, extra: dict) -> None:
-    """A graph is being compiled (a cache miss): explain it against the closest one before."""
+def compiling(order, roots, extra: dict):
+    """A graph is about to be compiled (a cache miss): explain it against the closest one
+    compiled before; returns its summary, for ``compiled`` once it is."""
     if not DEBUG[0]:
-        return
-    _COMPILES[0] += 1
-    new = Summary(order, extra, _COMPILES[0])
+        return None
+    with _LOCK:
+        _COMPILES[0] += 1
+        number = _COMPILES[0]
+        before = list(_SUMMARIES)
+    new = Summary(order, roots, extra, number)
     best, score = None, 0.0
-    for old in _SUMMARIES:
+    for old in before:
         common = sum((old.count & new.count).values())
         s = common / max(len(old.nodes), len(new.nodes))
         if s > score:
             best, score = old, s
-    if _SUMMARIES:
+    if before:
         if best is None or score < 0.5:
             note(
                 f"compile {new.number}: a new graph of {len(new.nodes)} nodes{_caller()}; no "
@@ -127,7 +134,14 @@ def compiled(order, extra: dict) -> None:
             )
         else:
             note(explain(best, new))
-    _SUMMARIES.append(new)
+    return new
+
+
+def compiled(summary) -> None:
+    """The graph of ``summary`` compiled: later compiles are compared with it."""
+    if summary is not None and DEBUG[0]:
+        with _LOCK:
+            _SUMMARIES.append(summary)
 
 
 def _caller() -> str:
@@ -150,12 +164,15 @@ def explain(old: Summary, new: Summary) -> str:
         f"{old.number} ({len(old.nodes)} nodes)"
     )
     lines = []
+    roots = _roots_changed(old, new, diffs)
     if diffs:
         head += f" in {len(diffs)} node{'s' if len(diffs) != 1 else ''}; the first:"
         lines.append(diffs[0])
         if len(diffs) > 1:
             lines.append(f"then {len(diffs) - 1} more, downstream of it or elsewhere; the next: ")
             lines[-1] += diffs[1]
+    if roots:
+        lines.append(roots)
     for name in sorted(set(old.extra) | set(new.extra)):
         a, b = old.extra.get(name), new.extra.get(name)
         if a != b:
@@ -163,6 +180,25 @@ def explain(old: Summary, new: Summary) -> str:
     if not lines:
         head += ": in nothing this debugger sees (a cache that was cleared, or a full cache)"
     return head + "".join(f"\n    {line}" for line in lines)
+
+
+def _roots_changed(old: Summary, new: Summary, diffs) -> str | None:
+    """What changed in the graph's outputs (the live tensors the step computes), if anything."""
+    a, b = len(old.roots), len(new.roots)
+    if a != b:
+        return (
+            f"the step computes {b} tensors, {a} before (a tensor kept alive on some steps only, "
+            f"for logging or a check? or one no longer used)"
+        )
+    if diffs:
+        return None
+    for k, ((pa, ia), (pb, ib)) in enumerate(zip(old.roots, new.roots, strict=True)):
+        if (pa, ia) != (pb, ib):
+            return (
+                f"output {k} is now {_name(new.nodes[pb])} (was {_name(old.nodes[pa])}): the "
+                f"live tensors come in another order or another set"
+            )
+    return None
 
 
 def _differences(old: Summary, new: Summary) -> list[str]:
@@ -177,10 +213,14 @@ def _differences(old: Summary, new: Summary) -> list[str]:
         pairs = SequenceMatcher(None, [_key(r) for r in a], [_key(r) for r in b], autojunk=False)
         pairs = pairs.get_opcodes()
     out = []  # (position in new, text)
+    mapping = {}  # position in old -> its counterpart's in new
+    for tag, i1, i2, j1, j2 in pairs:
+        if tag == "equal":
+            mapping.update(zip(range(i1, i2), range(j1, j2), strict=True))
     for tag, i1, i2, j1, j2 in pairs:
         if tag == "equal":
             for i, j in zip(range(i1, i2), range(j1, j2), strict=True):
-                text = _changed(a, b, i, j)
+                text = _changed(a, b, i, j, mapping)
                 if text is not None:
                     out.append((j, text))
             continue
@@ -199,8 +239,9 @@ def _name(rec) -> str:
     return f"`{op}` at {where(origin)}" if origin is not None else f"`{op}`"
 
 
-def _changed(a, b, i, j) -> str | None:
-    """How node ``b[j]`` differs from its counterpart ``a[i]``, or None."""
+def _changed(a, b, i, j, mapping: dict) -> str | None:
+    """How node ``b[j]`` differs from its counterpart ``a[i]`` (``mapping``: each node of
+    ``a``'s counterpart in ``b``), or None."""
     op, shapes_a, attrs_a, sharding_a, operands_a, _ = a[i]
     _, shapes_b, attrs_b, sharding_b, operands_b, _ = b[j]
     if op == "device_data":
@@ -217,6 +258,16 @@ def _changed(a, b, i, j) -> str | None:
             return f"{name}: input {k} was {_leaf(a[pa])}, now {_leaf(b[pb])}"
         if a[pa][3] != b[pb][3] and a[pa][0] == "device_data":
             return f"{name}: input {k} was placed {a[pa][3]}, now {b[pb][3]}"
+        leaves = a[pa][0] == "device_data" and b[pb][0] == "device_data"
+        if (
+            (mapping.get(pa) != pb and not leaves)
+            or ia != ib
+            or (leaves and _ordinal(a, pa) != _ordinal(b, pb))
+        ):
+            return (
+                f"{name}: input {k} is another value now: {_input(b, pb)} (was {_input(a, pa)}); "
+                f"the same tensor passed twice, or tensors in another order?"
+            )
     if attrs_a != attrs_b:
         da, db = dict(attrs_a), dict(attrs_b)
         for key in sorted(set(da) | set(db)):
@@ -231,6 +282,18 @@ def _changed(a, b, i, j) -> str | None:
     if shapes_a != shapes_b:
         return f"{name}: output was {', '.join(shapes_a)}, now {', '.join(shapes_b)}"
     return None
+
+
+def _ordinal(nodes, p) -> int:
+    """Which of the graph's data inputs (in the order the graph first reads them) node ``p`` is."""
+    return sum(1 for rec in nodes[:p] if rec[0] == "device_data")
+
+
+def _input(nodes, p) -> str:
+    rec = nodes[p]
+    if rec[0] == "device_data":
+        return f"data input {_ordinal(nodes, p)} ({rec[1][0]})"
+    return _name(rec)
 
 
 def _leaf(rec) -> str:

@@ -61,7 +61,8 @@ class Body:
 
 def add_body(body: Body) -> str:
     """Register ``body`` (or find an equal one); returns the name the node carries."""
-    return _bodies.add(body, [body.root], "ir::scan_layers")
+    leaves = [body.carry, *body.params, *body.free]
+    return _bodies.add(body, [body.root], "ir::scan_layers", leaves, str(body.key).encode())
 
 
 def _scan(body, layers, x, stacked, free):

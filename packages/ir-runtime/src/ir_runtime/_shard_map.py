@@ -13,7 +13,8 @@ evaluates a graph: the collective nodes inside (``ir::all_reduce``, ``ir::all_ga
 ``ir::reduce_scatter``, ``ir::all_to_all``, ``ir::ppermute``, ``ir::axis_index``) become
 ``lax`` collectives over the named mesh axes, and jax checks that each output varies over the
 mesh as its out spec says. A body that draws random numbers draws them from the step's key
-folded with the device's position in the mesh, so each device draws its own. The gradient node
+folded with the device's position along the axes its inputs are split over, so each shard of
+data draws its own (and the replicas of one shard draw alike, as one computation). The gradient node
 is ``jax.vjp`` of the same ``shard_map``: each collective transposes as jax defines it
 (``psum`` to ``psum``, ``psum_scatter`` to a gather, ``ppermute`` to the inverse
 permutation, ...). ``all_gather`` is jax's invariant gather: its result is the same on every
@@ -52,15 +53,16 @@ class Region:
         self.axes = tuple(axes)
         self.order = post_order(list(self.roots))
 
-    def run(self, *args):
-        """The body on one device's shards: ``(*inputs, *free) -> tuple of outputs``."""
+    def run(self, vary, *args):
+        """The body on one device's shards: ``(*inputs, *free) -> tuple of outputs``; random
+        numbers differ along ``vary`` (the mesh axes the inputs are split over)."""
         n = len(self.params)
         env = {id(p): (a,) for p, a in zip(self.params, args[:n], strict=True)}
         free = args[n:]
         env.update((id(f), (a,)) for f, a in zip(self.free, free, strict=True))
-        if self.key is not None:
+        if self.key is not None and vary:
             k = jax.random.wrap_key_data(free[self.key].astype(jnp.uint32), impl="threefry2x32")
-            k = jax.random.fold_in(k, lax.axis_index(self.axes))
+            k = jax.random.fold_in(k, lax.axis_index(vary))
             env[id(self.free[self.key])] = (jax.random.key_data(k),)
         for node in self.order:
             if type(node) is not DeviceData:
@@ -71,7 +73,9 @@ class Region:
 
 def add_region(region: Region) -> str:
     """Register ``region`` (or find an equal one); returns the name the node carries."""
-    return _bodies.add(region, list(region.roots), "ir::shard_map")
+    leaves = [*region.params, *region.free]
+    extra = f"{region.key}|{region.axes}".encode()
+    return _bodies.add(region, list(region.roots), "ir::shard_map", leaves, extra)
 
 
 def partition(entries) -> PartitionSpec:
@@ -85,8 +89,15 @@ def sharded(node, region: Region, mesh, body=None):
     in_specs = [partition(s) for s in node.attrs["in_specs"]]
     in_specs += [PartitionSpec()] * len(region.free)
     out_specs = tuple(partition(s) for s in node.attrs["out_specs"])
+    split = {a for spec in node.attrs["in_specs"] for axes in spec if axes for a in axes}
+    vary = tuple(a for a in region.axes if a in split)
+    run = body or region.run
     return jax.shard_map(
-        body or region.run, mesh=mesh, in_specs=tuple(in_specs), out_specs=out_specs, check_vma=True
+        lambda *args: run(vary, *args),
+        mesh=mesh,
+        in_specs=tuple(in_specs),
+        out_specs=out_specs,
+        check_vma=True,
     )
 
 

@@ -82,6 +82,7 @@ cdef object slow = None          # the Python __torch_dispatch__ body
 cdef object record = None
 cdef list LIVE = []              # weak references to every lazy tensor, in creation order
 cdef Py_ssize_t compact_at = 10_000
+cdef int UNTRACKED = 0           # > 0 while a region is traced: its tensors are not live
 cdef dict PLANS = {}             # id(OpOverload) -> Positional, for recordable non-view ops
 cdef dict NO_KWARGS = {}
 
@@ -276,6 +277,13 @@ def live():
     return alive
 
 
+def untracked(bint on):
+    """While on (nested: counted), new lazy tensors are not registered as live: what a manual
+    region's trace records on placeholders is never a step's to compute."""
+    global UNTRACKED
+    UNTRACKED += 1 if on else -1
+
+
 def untrack(ids):
     """Take the tensors whose ids are in ``ids`` out of the registry: no step computes them."""
     cdef list refs = []
@@ -293,6 +301,8 @@ def live_references():
 
 cdef inline int track_(object t) except -1:
     global compact_at
+    if UNTRACKED:
+        return 0
     r = PyWeakref_NewRef(t, None)
     PyObject_GC_UnTrack(<PyObject*>r)
     LIVE.append(r)

@@ -20,10 +20,12 @@ constrained value is never computed twice.
 from __future__ import annotations
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ir_core import Generic, Value
 from ir_runtime._frontend import _fast
 from ir_runtime._frontend._api import _check_lazy, mark_sharding
+from ir_runtime._frontend._shard_map import first_order_only
 from ir_runtime._frontend._tensor import LazyTensor, wrap
 from ir_sharding import Mesh, ShardingError, ShardingSpec
 
@@ -43,7 +45,10 @@ class _GradLayout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _annotated(grad, ctx.spec), None
+        return first_order_only([_annotated(grad, ctx.spec)], "a placement's gradient")[0], None
+
+
+_HOOKS = WeakIdKeyDictionary()  # leaf -> (spec, its gradient hook's handle), by identity
 
 
 def mark_sharding_with_gradients(t, mesh: Mesh, partition_spec) -> LazyTensor:
@@ -57,7 +62,14 @@ def mark_sharding_with_gradients(t, mesh: Mesh, partition_spec) -> LazyTensor:
     if not t.requires_grad:
         return t
     if t.grad_fn is None:  # a leaf (a parameter): its gradient, before it is accumulated
-        t.register_hook(lambda grad: _annotated(grad, spec))
+        # One hook per tensor, however often this is called (torch_xla code calls it every
+        # step): the latest spec replaces the one before.
+        old = _HOOKS.get(t)
+        if old is not None:
+            if old[0] == spec:
+                return t
+            old[1].remove()
+        _HOOKS[t] = (spec, t.register_hook(lambda grad: _annotated(grad, spec)))
         return t
     return _GradLayout.apply(t, spec)
 
@@ -75,7 +87,9 @@ class _Alike(torch.autograd.Function):
     def backward(ctx, ga, gb):
         if ga is None or gb is None:
             return ga, gb
-        return _Alike.apply(ga, gb)
+        with torch.no_grad():
+            both = _Alike.apply(ga, gb)
+        return tuple(first_order_only(list(both), "shard_as"))
 
 
 def shard_as(a, b) -> tuple[LazyTensor, LazyTensor]:

@@ -19,7 +19,9 @@ mesh axis the mesh does not have, an axis used twice, a spec longer than its ten
 dimension that does not divide over its axes, a collective outside a region, an ``out_specs``
 that cannot hold a result (one that differs from device to device over an axis its spec does
 not split it over: jax's own check, run on the traced body), and a function that reads another
-lazy tensor, writes its inputs in place, or reads a value to the host.
+lazy tensor, writes its inputs (or any other tensor) in place, reads a value to the host or
+calls ``mark_step``. What the trace records on its placeholders is never live: no step
+computes it, even when an exception's traceback or an attribute keeps it.
 """
 
 from __future__ import annotations
@@ -118,8 +120,8 @@ def _check_with_jax(name, region, in_entries, out_entries, mesh, args, fn_name):
 
     varies: list = []
 
-    def watched(*args):
-        outs = region.run(*args)
+    def watched(vary, *args):
+        outs = region.run(vary, *args)
         varies[:] = [_varying(jax.typeof(o)) for o in outs]
         return outs
 
@@ -170,26 +172,25 @@ def _said(entries) -> str:
 def _trace(fn, mesh: Mesh, args, in_entries, sizes):
     """``fn`` on placeholders of the local shapes: (Region, its free Values, output Values,
     whether fn returned a tuple)."""
-    placeholders, wrapped = [], []
+    placeholders = []
     for k, (t, entries) in enumerate(zip(args, in_entries, strict=True)):
         local = _local_shape(tuple(t.shape), entries, sizes, f"input {k}")
-        p = DeviceData(Shape(ir_dtype(t.dtype), local))
-        placeholders.append(p)
-        wrapped.append(wrap(Value(p)))
-    before = [w._ir for w in wrapped]
+        placeholders.append(DeviceData(Shape(ir_dtype(t.dtype), local)))
     name = getattr(fn, "__qualname__", type(fn).__name__)
     _REGIONS.append(_Tracing(mesh))
-    _step.REGIONS.append(name)
     try:
-        with torch.no_grad():
+        with _step.Isolated(name) as isolated, torch.no_grad():
+            wrapped = [wrap(Value(p)) for p in placeholders]  # (not live: isolated)
+            before = [w._ir for w in wrapped]
             out = fn(*wrapped)
-        return _region_of(name, out, wrapped, before, placeholders, mesh)
-    except BaseException:
-        _step.abandon(placeholders)
-        raise
     finally:
         _REGIONS.pop()
-        _step.REGIONS.pop()
+    if isolated.written:
+        raise ShardingError(
+            f"shard_map: {name} writes a tensor {isolated.written[0]} that is not one of its "
+            f"arguments in place (it keeps its value); pass it in and return the new value"
+        )
+    return _region_of(name, out, wrapped, before, placeholders, mesh)
 
 
 def _region_of(name, out, wrapped, before, placeholders, mesh):
@@ -227,6 +228,29 @@ def _region_of(name, out, wrapped, before, placeholders, mesh):
     return region, values, outs, several
 
 
+def first_order_only(grads, what: str) -> list:
+    """``grads`` as a backward returns them; when that backward builds a graph of its own
+    (``create_graph=True``), each is tied to a node whose backward raises: the gradient of a
+    gradient through ``what`` is refused, never silently left out of a sum."""
+    if not torch.is_grad_enabled():
+        return list(grads)
+    present = [g for g in grads if g is not None]
+    if not present:
+        return list(grads)
+    error = torch._C._functions.DelayedError(
+        f"{what} gives first-order gradients only: a gradient of its gradient "
+        f"(create_graph=True, then backward again) is not supported".encode(),
+        len(present),
+    )
+    tied = error(*[g.detach().requires_grad_() for g in present])
+    tied = iter(tied if isinstance(tied, tuple) else (tied,))
+    return [None if g is None else next(tied) for g in grads]
+
+
+def _differentiable(dtype: str) -> bool:
+    return dtype in _fast.FLOATS
+
+
 class _ShardMap(torch.autograd.Function):
     """The region's forward as one node; its backward, the region's vjp node."""
 
@@ -239,19 +263,21 @@ class _ShardMap(torch.autograd.Function):
         outs = tuple(wrap(Value(node, k)) for k in range(len(out_shapes)))
         ctx.save_for_backward(*inputs)
         ctx.meta = meta
-        ctx.mark_non_differentiable(*(o for o in outs if not o.dtype.is_floating_point))
+        ctx.mark_non_differentiable(*(o for o in outs if not _differentiable(o._ir.shape.dtype)))
         return outs
 
     @staticmethod
     def backward(ctx, *grads):
         inputs = ctx.saved_tensors
         name, free, in_entries, out_entries, out_shapes, sharding, origin = ctx.meta
-        wrt = tuple(
-            k
-            for k, t in enumerate(inputs)
-            if t.dtype.is_floating_point and ctx.needs_input_grad[k + 1]
-        )
-        outs = tuple(k for k, s in enumerate(out_shapes) if s.dtype in _fast.FLOATS)
+        for k, t in enumerate(inputs):
+            if ctx.needs_input_grad[k + 1] and not _differentiable(t._ir.shape.dtype):
+                raise ShardingError(
+                    f"shard_map: input {k} ({t.dtype}) needs a gradient; gradients flow through "
+                    f"a manual region to floating tensors only ({', '.join(sorted(_fast.FLOATS))})"
+                )
+        wrt = tuple(k for k, t in enumerate(inputs) if ctx.needs_input_grad[k + 1])
+        outs = tuple(k for k, s in enumerate(out_shapes) if _differentiable(s.dtype))
         if not wrt:
             return (None,) * (len(inputs) + 1)
         cts = []
@@ -276,7 +302,7 @@ class _ShardMap(torch.autograd.Function):
         out = [None] * len(inputs)
         for j, k in enumerate(wrt):
             out[k] = wrap(Value(node, j))
-        return (None, *out)
+        return (None, *first_order_only(out, "shard_map"))
 
 
 def shard_map(fn, mesh: Mesh, in_specs, out_specs):
@@ -312,13 +338,9 @@ def shard_map(fn, mesh: Mesh, in_specs, out_specs):
             for k, (s, t) in enumerate(zip(in_specs, args, strict=True))
         )
         region, free, outs, several = _trace(fn, mesh, args, in_entries, sizes)
-        try:
-            return _record_region(
-                fn, mesh, args, out_specs, region, free, outs, several, in_entries, sizes, origin
-            )
-        except BaseException:
-            _step.abandon(region.params)
-            raise
+        return _record_region(
+            fn, mesh, args, out_specs, region, free, outs, several, in_entries, sizes, origin
+        )
 
     mapped.__wrapped__ = fn
     return mapped
@@ -394,7 +416,9 @@ def _lazy(t, what: str) -> None:
 
 
 def _dim(d: int, rank: int, what: str, name: str = "dim") -> int:
-    if not isinstance(d, int) or not -max(rank, 1) <= d < max(rank, 1):
+    if rank == 0:
+        raise ShardingError(f"{what} needs a tensor of at least one dimension, got a 0-d one")
+    if not isinstance(d, int) or not -rank <= d < rank:
         raise ShardingError(f"{what}: {name} {d!r} is out of range for a tensor of rank {rank}")
     return d % rank
 

@@ -115,25 +115,49 @@ EVENTS = {"host_reads": 0, "mark_steps": 0}
 
 
 # The manual regions being traced, innermost last (their functions' names): what they record
-# reads placeholders, which have no data to read.
+# reads placeholders, which have no data to read, and is not registered as live.
 REGIONS: list = []
 
 
-def abandon(placeholders) -> None:
-    """After a failed trace on ``placeholders``: no step computes what was recorded on them
-    (tensors an exception's traceback keeps alive would otherwise fail every later step)."""
-    ids = {id(p) for p in placeholders}
-    dead = set()
-    for t in live():
-        if any(id(n) in ids for n in post_order([t._ir]) if type(n) is DeviceData):
-            dead.add(id(t))
-    if dead:
-        _fast.untrack(dead)
+class Isolated:
+    """A context for tracing ``name`` on placeholders: the tensors it creates are not live (no
+    step computes them, whatever keeps them), and a live tensor from outside that it writes in
+    place gets its value back, and is named in ``written`` (shape, dtype) for the caller's
+    error. Host reads and ``mark_step`` inside raise."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.written: list = []
+
+    def __enter__(self):
+        self.before = [(t, t._ir) for t in live()]
+        REGIONS.append(self.name)
+        _fast.untracked(True)
+        return self
+
+    def __exit__(self, *exc):
+        _fast.untracked(False)
+        REGIONS.pop()
+        for t, value in self.before:
+            if t._ir is not value:
+                t._ir = value
+                self.written.append(f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}")
+        self.before = None
+        return False
+
+
+def _no_region(what: str) -> None:
+    if REGIONS:
+        raise ShardingError(
+            f"shard_map: {REGIONS[-1]} {what}; a manual region is traced once, on "
+            f"placeholders, and must stay on the device"
+        )
 
 
 def mark_step() -> None:
     """Run everything the live lazy tensors are waiting for, as one program, and bind each
     tensor to its result. Tensors no longer alive are not computed."""
+    _no_region("calls mark_step")
     start = time.perf_counter()
     _profile.step_started()
     EVENTS["mark_steps"] += 1
@@ -154,12 +178,7 @@ def materialize(t: LazyTensor) -> DeviceData:
     whose graph shares a node with it: those values are computed by the same program at little
     cost, and no later read or step runs that history again (a decoding loop that reads a
     stopping flag per token runs one token's program per read, not everything so far)."""
-    if REGIONS:
-        raise ShardingError(
-            f"shard_map: {REGIONS[-1]} reads a value to the host (.item(), a Python if on a "
-            f"tensor); a manual region is traced once, on placeholders, and must stay on the "
-            f"device"
-        )
+    _no_region("reads a value to the host (.item(), a Python if on a tensor)")
     if pending(t):
         busy, held = split_live()
         tensors = _sharing(t, busy)
