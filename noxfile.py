@@ -92,6 +92,7 @@ def bench(session):
         ("bench_models", "ir-models"),
         ("bench_memory", "ir-memory"),
         ("bench_checkpoints", "ir-checkpoints"),
+        ("bench_manual", "ir-manual"),
     ):
         session.run("python", f"{RUNTIME}/bench/{name}.py", "--json", f".bench/{out}.json")
 
