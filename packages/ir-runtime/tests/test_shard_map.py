@@ -381,6 +381,12 @@ def test_a_region_that_writes_another_tensor_is_refused_and_the_tensor_keeps_its
     with pytest.raises(ShardingError, match="calls mark_step"):
         irt.shard_map(lambda t: (irt.mark_step(), t)[1], MESH, in_specs=((None, None),),
                       out_specs=(None, None))(x)  # fmt: skip
+    inner = irt.shard_map(lambda t: t, MESH, in_specs=((None, None),), out_specs=(None, None))
+    with pytest.raises(ShardingError, match="shard_map inside a manual region is not supported"):
+        irt.shard_map(inner, MESH, in_specs=((None, None),), out_specs=(None, None))(x)
+    with pytest.raises(ShardingError, match="calls mark_sharding"):
+        irt.shard_map(lambda t: irt.mark_sharding(t, MESH, (None, None)), MESH,
+                      in_specs=((None, None),), out_specs=(None, None))(x)  # fmt: skip
     with pytest.raises(ShardingError, match="at least one dimension, got a 0-d one"):
         irt.shard_map(lambda t: irt.all_gather(t.sum(), "data"), MESH, in_specs=((None, None),),
                       out_specs=(None,))(x)  # fmt: skip

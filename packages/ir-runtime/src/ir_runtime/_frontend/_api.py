@@ -10,6 +10,7 @@ from ir_runtime import _metrics
 from ir_runtime._data import device_data
 from ir_runtime._dtypes import name_of
 from ir_runtime._execute import reshard
+from ir_runtime._frontend import _step
 from ir_runtime._frontend._convert import host_numpy
 from ir_runtime._frontend._tensor import LazyTensor, as_value, live
 from ir_runtime._lower import lower
@@ -160,6 +161,7 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
     result for ``t`` stays there. Errors leave ``t`` as it was.
     """
     _check_lazy(t, "mark_sharding")
+    _step.no_region("calls mark_sharding (inside a manual region every tensor is one device's)")
     spec = ShardingSpec(mesh, partition_spec)
     spec.check_rank(t.dim(), f"the tensor {tuple(t.shape)}")
     _relink_annotated(t, spec)

@@ -321,6 +321,11 @@ def shard_map(fn, mesh: Mesh, in_specs, out_specs):
     in_specs = tuple(in_specs)
 
     def mapped(*args):
+        if _REGIONS:
+            raise ShardingError(
+                "shard_map inside a manual region is not supported: call the inner function "
+                "directly (it already runs on one device's shards)"
+            )
         if len(args) != len(in_specs):
             raise ShardingError(
                 f"shard_map: in_specs has {len(in_specs)} specs for {len(args)} arguments; "

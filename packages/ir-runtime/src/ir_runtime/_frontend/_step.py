@@ -146,7 +146,7 @@ class Isolated:
         return False
 
 
-def _no_region(what: str) -> None:
+def no_region(what: str) -> None:
     if REGIONS:
         raise ShardingError(
             f"shard_map: {REGIONS[-1]} {what}; a manual region is traced once, on "
@@ -157,7 +157,7 @@ def _no_region(what: str) -> None:
 def mark_step() -> None:
     """Run everything the live lazy tensors are waiting for, as one program, and bind each
     tensor to its result. Tensors no longer alive are not computed."""
-    _no_region("calls mark_step")
+    no_region("calls mark_step")
     start = time.perf_counter()
     _profile.step_started()
     EVENTS["mark_steps"] += 1
@@ -178,7 +178,7 @@ def materialize(t: LazyTensor) -> DeviceData:
     whose graph shares a node with it: those values are computed by the same program at little
     cost, and no later read or step runs that history again (a decoding loop that reads a
     stopping flag per token runs one token's program per read, not everything so far)."""
-    _no_region("reads a value to the host (.item(), a Python if on a tensor)")
+    no_region("reads a value to the host (.item(), a Python if on a tensor)")
     if pending(t):
         busy, held = split_live()
         tensors = _sharing(t, busy)

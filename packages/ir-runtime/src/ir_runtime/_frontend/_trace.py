@@ -125,6 +125,10 @@ class _Entry:
         for t in entry:
             holders.setdefault(id(self.nodes[id(t)]), []).append(t)
         self.arg_nodes = arg_nodes = {}  # id of a data node -> the argument it is
+        # The argument nodes themselves, held: the call may rebind an argument (mark_sharding
+        # places it anew), and a node that died could lend its id to a parameter of the
+        # program, which would then be read from that argument at a replay.
+        self.arg_data = []
         aliased = False  # an argument's data reaches the program another way too
         for i, x in enumerate(lazy):
             if isinstance(x, LazyTensor):
@@ -133,6 +137,7 @@ class _Entry:
                     others = [h for h in holders.get(id(node), ()) if h is not x]
                     aliased = aliased or id(node) in arg_nodes or bool(others)
                     arg_nodes[id(node)] = i
+                    self.arg_data.append(node)
         self.reasons = []  # why its arguments keep the call from being replayed
         if aliased:
             self.reasons.append(
@@ -265,6 +270,7 @@ def _program(plan: _Plan, entry: _Entry, pending, roles, host_reads) -> list:
     for i, x in enumerate(entry.lazy):
         if isinstance(x, LazyTensor) and type(x._ir.node) is DeviceData:
             arg_nodes.setdefault(id(x._ir.node), i)  # placed inside the step
+            entry.arg_data.append(x._ir.node)
     key_node = _rng._state["key"]
     key_node = key_node.node if key_node is not None else None
     read_from = {id(node): refs for node, refs in host_reads}
