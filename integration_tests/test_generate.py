@@ -92,3 +92,25 @@ def test_irt_generate_samples_what_eager_samples_and_keeps_lazy_inputs_lazy():
     got = host_generate(lazy, irt.to_lazy(ids), irt.to_lazy(mask), 6, **kwargs)
     assert isinstance(got, irt.LazyTensor)
     assert torch.equal(irt.to_torch(got), want)
+
+
+@pytest.mark.parametrize("new_tokens", [4, 12])
+def test_an_encoder_decoder_with_the_static_cache_compiles_a_bounded_number_of_programs(
+    new_tokens,
+):
+    """T5 builds its decoder's mask as ones of the length so far, one more column a token;
+    irt.generate gives it at the static cache's full length, so every decoding step is one
+    program: eager's tokens (a padded encoder batch), and the compiles do not grow."""
+    eager = hf_models.t5().eval()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids, mask = left_padded_batch()
+    kwargs = {"max_new_tokens": new_tokens, "do_sample": False, "attention_mask": mask}
+    with torch.no_grad():
+        want = eager.generate(ids, cache_implementation="static", **kwargs)
+    irt.CACHE.clear()
+    irt.reset_metrics()
+    with torch.no_grad():
+        got = irt.generate(lazy, ids, cache_implementation="static", **kwargs)
+    assert torch.equal(got, want)
+    counters = irt.metrics()["counters"]
+    assert counters["CompileCount"] <= 3 and counters["CacheHit"] >= new_tokens - 2, counters

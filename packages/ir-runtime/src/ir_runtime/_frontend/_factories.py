@@ -8,6 +8,7 @@ import warnings
 import torch
 
 from ir_core import Generic, Shape, Value
+from ir_runtime._frontend import _fast
 from ir_runtime._frontend._convert import ir_dtype
 from ir_runtime._frontend._record import record
 from ir_runtime._frontend._rng import random
@@ -17,7 +18,8 @@ from ir_runtime._frontend._views import rebind
 
 def _zeros(size, dtype):
     shape = Shape(ir_dtype(dtype or torch.get_default_dtype()), tuple(int(s) for s in size))
-    return wrap(Value(Generic("aten::zeros.default", [], [shape], {"size": shape.dims})))
+    node = Generic("aten::zeros.default", [], [shape], {"size": shape.dims}, None, _fast.origin())
+    return wrap(Value(node))
 
 
 def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ir_core import DeviceData, Generic, Shape, Value
+from ir_runtime._frontend import _fast
 from ir_runtime._frontend._tensor import LazyTensor, wrap
 
 _state = {"seed": None, "seedings": -1, "step": 0, "offset": 0, "key": None}
@@ -61,7 +62,8 @@ def random(op, shape: Shape, *operands, **attrs) -> LazyTensor:
     """A lazy tensor of ``shape`` drawn by the ``ir::random_*`` op ``op`` from the step's key
     at the next offset."""
     key, offset = _key()
-    return wrap(Value(Generic(op, [key, *operands], [shape], {"offset": offset, **attrs})))
+    attrs = {"offset": offset, **attrs}
+    return wrap(Value(Generic(op, [key, *operands], [shape], attrs, None, _fast.origin())))
 
 
 def bernoulli_mask(x, p: float):
