@@ -229,3 +229,27 @@ def test_under_autocast_the_first_layer_runs_on_its_own_as_in_eager():
         rtol=3e-2,
         atol=3e-2,
     )
+
+
+def test_a_layer_that_fails_or_writes_outside_leaves_every_later_step_whole():
+    count = irt.to_lazy(torch.zeros(16))
+
+    class Counts(Block):
+        def forward(self, x):
+            count.add_(1)  # a tensor from outside, written in place
+            return super().forward(x)
+
+    class Fails(Block):
+        def forward(self, x):
+            self.seen = super().forward(x)  # recorded on placeholders, kept past the trace
+            raise RuntimeError("boom")
+
+    x = irt.to_lazy(torch.randn(4, 16))
+    with pytest.raises(ValueError, match=r"writes a tensor \[16\] float32 that is neither"):
+        irt.scan_layers([irt.to_lazy(Counts(16)) for _ in range(2)], x)
+    failing = [irt.to_lazy(Fails(16)) for _ in range(2)]
+    with pytest.raises(RuntimeError, match="boom"):
+        irt.scan_layers(failing, x)
+    y = count + x.sum()
+    irt.mark_step()  # neither the refused write nor the kept intermediate is run
+    torch.testing.assert_close(irt.to_torch(y), torch.full((16,), irt.to_torch(x).sum().item()))

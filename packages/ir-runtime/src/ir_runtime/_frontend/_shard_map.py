@@ -179,7 +179,7 @@ def _trace(fn, mesh: Mesh, args, in_entries, sizes):
     name = getattr(fn, "__qualname__", type(fn).__name__)
     _REGIONS.append(_Tracing(mesh))
     try:
-        with _step.Isolated(name) as isolated, torch.no_grad():
+        with _step.Isolated(f"shard_map: {name}") as isolated, torch.no_grad():
             wrapped = [wrap(Value(p)) for p in placeholders]  # (not live: isolated)
             before = [w._ir for w in wrapped]
             out = fn(*wrapped)

@@ -114,16 +114,17 @@ _last_step_end = [None]
 EVENTS = {"host_reads": 0, "mark_steps": 0}
 
 
-# The manual regions being traced, innermost last (their functions' names): what they record
-# reads placeholders, which have no data to read, and is not registered as live.
+# The bodies being traced on placeholders (a manual region, a scanned layer), innermost last,
+# as "shard_map: fn": what they record reads placeholders, which have no data to read, and is
+# not registered as live.
 REGIONS: list = []
 
 
 class Isolated:
-    """A context for tracing ``name`` on placeholders: the tensors it creates are not live (no
-    step computes them, whatever keeps them), and a live tensor from outside that it writes in
-    place gets its value back, and is named in ``written`` (shape, dtype) for the caller's
-    error. Host reads and ``mark_step`` inside raise."""
+    """A context for tracing ``name`` (``"shard_map: fn"``) on placeholders: the tensors it
+    creates are not live (no step computes them, whatever keeps them), and a live tensor from
+    outside that it writes in place gets its value back, and is named in ``written`` (shape,
+    dtype) for the caller's error. Host reads and ``mark_step`` inside raise."""
 
     def __init__(self, name: str):
         self.name = name
@@ -149,8 +150,7 @@ class Isolated:
 def no_region(what: str) -> None:
     if REGIONS:
         raise ShardingError(
-            f"shard_map: {REGIONS[-1]} {what}; a manual region is traced once, on "
-            f"placeholders, and must stay on the device"
+            f"{REGIONS[-1]} {what}; it is traced once, on placeholders, and must stay on the device"
         )
 
 
