@@ -83,13 +83,14 @@ def partition(entries) -> PartitionSpec:
     return PartitionSpec(*entries)
 
 
-def sharded(node, region: Region, mesh, body=None):
-    """The region as a function of the node's operands: ``jax.shard_map`` of its body
-    (``body``: a function in place of ``region.run``)."""
-    in_specs = [partition(s) for s in node.attrs["in_specs"]]
+def sharded(attrs, region: Region, mesh, body=None):
+    """The region as a function of its node's operands: ``jax.shard_map`` of its body, with
+    the node's ``attrs`` ``in_specs`` and ``out_specs`` (``body``: a function in place of
+    ``region.run``)."""
+    in_specs = [partition(s) for s in attrs["in_specs"]]
     in_specs += [PartitionSpec()] * len(region.free)
-    out_specs = tuple(partition(s) for s in node.attrs["out_specs"])
-    split = {a for spec in node.attrs["in_specs"] for axes in spec if axes for a in axes}
+    out_specs = tuple(partition(s) for s in attrs["out_specs"])
+    split = {a for spec in attrs["in_specs"] for axes in spec if axes for a in axes}
     vary = tuple(a for a in region.axes if a in split)
     run = body or region.run
     return jax.shard_map(
@@ -109,7 +110,7 @@ def jax_mesh(spec: ShardingSpec):
 @register("ir::shard_map")
 def _shard_map(node, *operands):
     region = _bodies.of(node)
-    return sharded(node, region, jax_mesh(spec_at(node.sharding, 0)))(*operands)
+    return sharded(node.attrs, region, jax_mesh(spec_at(node.sharding, 0)))(*operands)
 
 
 @register("ir::shard_map_grad")
@@ -117,7 +118,7 @@ def _shard_map_grad(node, *operands):
     """Operands: the region's inputs, its free inputs, then one cotangent per output in
     ``outs``; results: one gradient per input in ``wrt``."""
     region = _bodies.of(node)
-    f = sharded(node, region, jax_mesh(spec_at(node.sharding, 0)))
+    f = sharded(node.attrs, region, jax_mesh(spec_at(node.sharding, 0)))
     n, wrt, outs = len(region.params), node.attrs["wrt"], node.attrs["outs"]
     m = n + len(region.free)
     xs, free, cts = operands[:n], operands[n:m], operands[m:]

@@ -21,12 +21,11 @@ anything is recorded.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch.func import functional_call
 
-from ir_core import DeviceData, Generic, Shape, Value, post_order
-from ir_runtime._frontend import _rng, _step
+from ir_core import DeviceData, Generic, Shape, Value
+from ir_runtime._frontend import _step
 from ir_runtime._frontend._convert import ir_dtype
 from ir_runtime._frontend._tensor import LazyTensor, wrap
 from ir_runtime._scan import Body, add_body
@@ -124,22 +123,15 @@ def _trace_body(layer, x: LazyTensor) -> tuple[Body, list]:
             f"scan_layers: {type(layer).__name__} writes its {written[0]!r} in place (batch "
             f"norm in training mode); a scanned layer may only read its parameters and buffers"
         )
-    mine = {id(carry), *map(id, placeholders)}
-    key = _rng._state["key"]
-    free, values, key_at = [], [], None
-    for n in post_order([out._ir]):
-        if type(n) is not DeviceData or id(n) in mine:
-            continue
-        if key is not None and n is key.node:
-            key_at = len(free)
-        elif not (n.shape.dims == () and isinstance(n.handle, np.ndarray)):  # a lifted scalar
-            raise ValueError(
-                f"scan_layers: {type(layer).__name__}.forward reads a tensor {n.shape} that is "
-                f"neither its input nor one of its parameters or buffers; register it as a "
-                f"buffer of the layer, or pass it through the input"
-            )
-        free.append(n)
-        values.append(Value(n))
+    free, values, key_at = _step.free_inputs(
+        [out._ir],
+        [carry, *placeholders],
+        lambda shape: ValueError(
+            f"scan_layers: {type(layer).__name__}.forward reads a tensor {shape} that is "
+            f"neither its input nor one of its parameters or buffers; register it as a "
+            f"buffer of the layer, or pass it through the input"
+        ),
+    )
     return Body(out._ir, carry, placeholders, free, key_at), values
 
 

@@ -26,13 +26,12 @@ computes it, even when an exception's traceback or an attribute keeps it.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from ir_core import DeviceData, Generic, Shape, Value, post_order
+from ir_core import DeviceData, Generic, Shape, Value
 from ir_runtime._bounded import Bounded
 from ir_runtime._dtypes import to_numpy_dtype
-from ir_runtime._frontend import _fast, _rng, _step
+from ir_runtime._frontend import _fast, _step
 from ir_runtime._frontend._convert import IR_TO_TORCH, ir_dtype
 from ir_runtime._frontend._tensor import LazyTensor, wrap
 from ir_runtime._jaxapi import one_frame_locations
@@ -125,11 +124,11 @@ def _check_with_jax(name, region, in_entries, out_entries, mesh, args, fn_name):
         varies[:] = [_varying(jax.typeof(o)) for o in outs]
         return outs
 
-    node = _Attrs({"in_specs": in_entries, "out_specs": out_entries})
+    attrs = {"in_specs": in_entries, "out_specs": out_entries}
     shapes = [t._ir.shape for t in args] + [f.shape for f in region.free]
     args = [jax.ShapeDtypeStruct(s.dims, to_numpy_dtype(s.dtype)) for s in shapes]
     try:
-        fn = sharded(node, region, jax_mesh(ShardingSpec.replicated(mesh)), watched)
+        fn = sharded(attrs, region, jax_mesh(ShardingSpec.replicated(mesh)), watched)
         with one_frame_locations():  # (what is traced here is located as lowering locates it)
             jax.eval_shape(fn, *args)
     except Exception as e:
@@ -156,13 +155,6 @@ def _varying(aval) -> frozenset:
     axes: ``aval.vma`` before jax 0.10, ``aval.mat.varying`` since)."""
     vma = getattr(aval, "vma", None)
     return frozenset(vma if vma is not None else aval.mat.varying)
-
-
-class _Attrs:
-    """What ``sharded`` reads of a node, for the check before there is one."""
-
-    def __init__(self, attrs):
-        self.attrs = attrs
 
 
 def _said(entries) -> str:
@@ -209,21 +201,14 @@ def _region_of(name, out, wrapped, before, placeholders, mesh):
                 f"shard_map: {name} must return lazy tensors (or a tuple of them); output {k} "
                 f"is {type(o).__name__}"
             )
-    mine = {id(p) for p in placeholders}
-    key = _rng._state["key"]
-    free, values, key_at = [], [], None
-    for n in post_order([o._ir for o in outs]):
-        if type(n) is not DeviceData or id(n) in mine:
-            continue
-        if key is not None and n is key.node:
-            key_at = len(free)
-        elif not (n.shape.dims == () and isinstance(n.handle, np.ndarray)):  # a lifted scalar
-            raise ShardingError(
-                f"shard_map: {name} reads a lazy tensor {n.shape} that is not one of its "
-                f"arguments; pass it in as an argument, with its in spec"
-            )
-        free.append(n)
-        values.append(Value(n))
+    free, values, key_at = _step.free_inputs(
+        [o._ir for o in outs],
+        placeholders,
+        lambda shape: ShardingError(
+            f"shard_map: {name} reads a lazy tensor {shape} that is not one of its "
+            f"arguments; pass it in as an argument, with its in spec"
+        ),
+    )
     region = Region([o._ir for o in outs], placeholders, free, key_at, mesh.axis_names)
     return region, values, outs, several
 
@@ -410,14 +395,27 @@ def _axes(axis, region: _Tracing, what: str) -> tuple:
     return axes
 
 
+def _operand(t, axis, what: str) -> tuple:
+    """A collective's checks: inside a region, on a lazy tensor, over named axes; returns the
+    region and the axes."""
+    region = _region(what)
+    if not isinstance(t, LazyTensor):
+        raise ShardingError(f"{what} takes a lazy tensor, got {type(t).__name__}")
+    return region, _axes(axis, region, what)
+
+
+def _split(shape: list, d: int, axes, n: int, what: str) -> None:
+    """Dimension ``d`` of ``shape`` split into ``n`` blocks, one per device along ``axes``."""
+    if shape[d] % n:
+        raise ShardingError(
+            f"{what} ({shape[d]}) does not divide over mesh axes {axes} ({n} devices)"
+        )
+    shape[d] //= n
+
+
 def _collective(op: str, t, shape: tuple, attrs: dict) -> LazyTensor:
     node = Generic(op, [t._ir], [Shape(t._ir.shape.dtype, shape)], attrs, None, _fast.origin())
     return wrap(Value(node))
-
-
-def _lazy(t, what: str) -> None:
-    if not isinstance(t, LazyTensor):
-        raise ShardingError(f"{what} takes a lazy tensor, got {type(t).__name__}")
 
 
 def _dim(d: int, rank: int, what: str, name: str = "dim") -> int:
@@ -431,9 +429,7 @@ def _dim(d: int, rank: int, what: str, name: str = "dim") -> int:
 def all_reduce(t, axis, op: str = "sum") -> LazyTensor:
     """The ``op`` ("sum", "max" or "min") of ``t`` over the devices along ``axis``; every one of
     them gets the result (``lax.psum`` / ``pmax`` / ``pmin``)."""
-    region = _region("all_reduce")
-    _lazy(t, "all_reduce")
-    axes = _axes(axis, region, "all_reduce")
+    _, axes = _operand(t, axis, "all_reduce")
     if op not in ("sum", "max", "min"):
         raise ShardingError(f"all_reduce: op must be 'sum', 'max' or 'min', got {op!r}")
     return _collective("ir::all_reduce", t, tuple(t.shape), {"axes": axes, "op": op})
@@ -442,9 +438,7 @@ def all_reduce(t, axis, op: str = "sum") -> LazyTensor:
 def all_gather(t, axis, dim: int = 0) -> LazyTensor:
     """The devices' shards along ``axis`` concatenated on dimension ``dim``, on every one of
     them (``lax.all_gather(..., tiled=True)``)."""
-    region = _region("all_gather")
-    _lazy(t, "all_gather")
-    axes = _axes(axis, region, "all_gather")
+    region, axes = _operand(t, axis, "all_gather")
     d = _dim(dim, t.dim(), "all_gather")
     shape = list(t.shape)
     shape[d] *= _size(axes, region.sizes)
@@ -454,18 +448,10 @@ def all_gather(t, axis, dim: int = 0) -> LazyTensor:
 def reduce_scatter(t, axis, dim: int = 0) -> LazyTensor:
     """The sum of ``t`` over the devices along ``axis``, split on dimension ``dim``: each device
     keeps its block (``lax.psum_scatter(..., tiled=True)``)."""
-    region = _region("reduce_scatter")
-    _lazy(t, "reduce_scatter")
-    axes = _axes(axis, region, "reduce_scatter")
+    region, axes = _operand(t, axis, "reduce_scatter")
     d = _dim(dim, t.dim(), "reduce_scatter")
-    n = _size(axes, region.sizes)
     shape = list(t.shape)
-    if shape[d] % n:
-        raise ShardingError(
-            f"reduce_scatter: dimension {d} ({shape[d]}) does not divide over mesh axes {axes} "
-            f"({n} devices)"
-        )
-    shape[d] //= n
+    _split(shape, d, axes, _size(axes, region.sizes), f"reduce_scatter: dimension {d}")
     return _collective("ir::reduce_scatter", t, tuple(shape), {"axes": axes, "dim": d})
 
 
@@ -473,19 +459,12 @@ def all_to_all(t, axis, split_dim: int, concat_dim: int) -> LazyTensor:
     """``t`` split into one block per device along ``axis`` on ``split_dim``; block ``i`` goes
     to device ``i``, and each device concatenates what it receives on ``concat_dim``
     (``lax.all_to_all(..., tiled=True)``)."""
-    region = _region("all_to_all")
-    _lazy(t, "all_to_all")
-    axes = _axes(axis, region, "all_to_all")
+    region, axes = _operand(t, axis, "all_to_all")
     s = _dim(split_dim, t.dim(), "all_to_all", "split_dim")
     c = _dim(concat_dim, t.dim(), "all_to_all", "concat_dim")
     n = _size(axes, region.sizes)
     shape = list(t.shape)
-    if shape[s] % n:
-        raise ShardingError(
-            f"all_to_all: split_dim {s} ({shape[s]}) does not divide over mesh axes {axes} "
-            f"({n} devices)"
-        )
-    shape[s] //= n
+    _split(shape, s, axes, n, f"all_to_all: split_dim {s}")
     shape[c] *= n
     attrs = {"axes": axes, "split_dim": s, "concat_dim": c}
     return _collective("ir::all_to_all", t, tuple(shape), attrs)
@@ -495,9 +474,7 @@ def ppermute(t, axis, perm) -> LazyTensor:
     """``t`` sent along ``axis``: each ``(source, destination)`` pair in ``perm`` (positions
     along the axis) sends the source's ``t`` to the destination; a device no pair sends to
     gets zeros (``lax.ppermute``)."""
-    region = _region("ppermute")
-    _lazy(t, "ppermute")
-    axes = _axes(axis, region, "ppermute")
+    region, axes = _operand(t, axis, "ppermute")
     n = _size(axes, region.sizes)
     pairs = []
     for p in perm:

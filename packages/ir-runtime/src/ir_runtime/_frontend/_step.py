@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch._lazy
 
-from ir_core import DeviceData, post_order
+from ir_core import DeviceData, Value, post_order
 from ir_runtime import _debug, _metrics, _profile
 from ir_runtime._collectives import references, wait_device_ops
 from ir_runtime._data import fetch
@@ -145,6 +145,25 @@ class Isolated:
                 self.written.append(f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}")
         self.before = None
         return False
+
+
+def free_inputs(roots, placeholders, foreign):
+    """The data a body traced on ``placeholders`` reads besides them: ``(nodes, their Values,
+    the index among them of the step's random key or None)``. Only lifted scalars and the key
+    may be read; any other data node is refused with ``foreign(shape)``, an exception."""
+    mine = {id(p) for p in placeholders}
+    key = _rng._state["key"]
+    free, values, key_at = [], [], None
+    for n in post_order(roots):
+        if type(n) is not DeviceData or id(n) in mine:
+            continue
+        if key is not None and n is key.node:
+            key_at = len(free)
+        elif not (n.shape.dims == () and isinstance(n.handle, np.ndarray)):  # a lifted scalar
+            raise foreign(n.shape)
+        free.append(n)
+        values.append(Value(n))
+    return free, values, key_at
 
 
 def no_region(what: str) -> None:
