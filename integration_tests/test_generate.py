@@ -78,6 +78,13 @@ def test_irt_generate_with_the_static_cache_compiles_two_programs(new_tokens):
     counters = irt.metrics()["counters"]
     assert counters["CompileCount"] == 2
     assert counters["CacheHit"] == new_tokens - 2
+    # Again, as a server would: the same two programs, nothing compiled, every token a hit
+    # (transformers' own reuse of the cache it kept would add a read and a prefill of its own).
+    irt.reset_metrics()
+    again = host_generate(lazy, ids, mask, new_tokens, cache_implementation="static")
+    assert torch.equal(again, want)
+    counters = irt.metrics()["counters"]
+    assert counters.get("CompileCount", 0) == 0 and counters["CacheHit"] == new_tokens, counters
 
 
 def test_irt_generate_samples_what_eager_samples_and_keeps_lazy_inputs_lazy():

@@ -1,9 +1,10 @@
-"""ShardedLoader: batches placed over the mesh by a background thread, against the same
-batches placed by hand (to_lazy + mark_sharding) and against the host values."""
+"""ShardedLoader: batches placed over the mesh ahead of their use, against the same batches
+placed by hand (to_lazy + mark_sharding) and against the host values."""
 
 import collections
-import threading
+import gc
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -84,23 +85,27 @@ def test_training_through_the_loader_matches_batches_placed_by_hand():
     assert (counters["CompileCount"], counters["CacheHit"]) == (0, 5)
 
 
-def test_the_next_batch_is_placed_while_the_current_one_is_used():
-    asked = [threading.Event() for _ in range(3)]
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_batches_are_placed_prefetch_ahead_of_the_one_in_use(prefetch):
+    """When batch k is handed out, batches k+1 .. k+prefetch are already placed (their copies
+    under way while step k runs), and no more than that is taken from the loader."""
+    taken = []
 
     def source():
-        for k, b in enumerate(batches(3)):
-            asked[k].set()
+        for k, b in enumerate(batches(6)):
+            taken.append(k)
             yield b
 
-    it = iter(irt.ShardedLoader(source(), MESH, ("data", None), prefetch=1))
-    next(it)
-    # The consumer has not asked for batch 1, yet the thread has already taken it (a generous
-    # hang guard, not a timing: the thread runs as soon as the consumer waits).
-    assert asked[1].wait(timeout=60)
-    assert len(list(it)) == 2
+    loader = irt.ShardedLoader(source(), MESH, ("data", None), prefetch=prefetch)
+    it = iter(loader)
+    for k in range(6):
+        x, _ = next(it)
+        assert loader.batches == min(6, k + 1 + prefetch) == len(taken)
+        assert torch.equal(irt.to_torch(x), batches(6)[k][0])
+    assert next(it, None) is None
 
 
-def test_errors_name_the_tensor_and_the_rule_and_stop_the_thread():
+def test_errors_come_in_order_naming_the_tensor_and_the_rule():
     with pytest.raises(TypeError, match="takes an ir_sharding Mesh"):
         irt.ShardedLoader([], "mesh", ("data",))
     with pytest.raises(ValueError, match="prefetch must be a positive int, got 0"):
@@ -112,35 +117,52 @@ def test_errors_name_the_tensor_and_the_rule_and_stop_the_thread():
         list(irt.ShardedLoader([(torch.randn(8),)], MESH, (None, "model")))
 
     def broken():
-        yield batches(1)[0]
+        yield from batches(2)
         raise OSError("disk gone")
 
+    # Placed ahead, the error still comes after every batch before it has been used.
+    got = []
     with pytest.raises(OSError, match="disk gone"):
-        list(irt.ShardedLoader(broken(), MESH, ("data", None)))
+        for x, _ in irt.ShardedLoader(broken(), MESH, ("data", None), prefetch=4):
+            got.append(irt.to_torch(x))
+    assert len(got) == 2 and torch.equal(got[1], batches(2)[1][0])
+    mixed = [batches(1)[0], (torch.randn(6, 2),)]
+    it = iter(irt.ShardedLoader(mixed, MESH, ("data", None)))
+    assert torch.equal(irt.to_torch(next(it)[0]), batches(1)[0][0])
+    with pytest.raises(ShardingError, match=r"\(6, 2\)"):
+        next(it)
 
 
-def test_leaving_the_loop_early_stops_the_loading_thread():
+def test_leaving_the_loop_early_frees_the_batches_placed_ahead():
     def endless():
         while True:
             yield batches(1)[0]
 
-    for _ in irt.ShardedLoader(endless(), MESH, ("data", None)):
-        break
-    loaders = [t for t in threading.enumerate() if t.name == "ir_runtime-loader"]
-    for t in loaders:
-        t.join(timeout=60)  # a generous hang guard: it stops at its next batch
-    assert not any(t.is_alive() for t in loaders)
+    gc.collect()
+    before = len(jax.live_arrays())
+    loader = irt.ShardedLoader(endless(), MESH, ("data", None), prefetch=2)
+    it = iter(loader)
+    x, y = next(it)
+    assert len(jax.live_arrays()) == before + 2 * 3  # the batch in use and two ahead
+    it.close()
+    gc.collect()
+    assert len(jax.live_arrays()) == before + 2  # the batch still held here, nothing else
+    assert loader.batches == 3  # nothing placed after leaving
+    del x, y
+    gc.collect()
+    assert len(jax.live_arrays()) == before
 
 
 def test_a_second_loader_over_the_same_stream_takes_up_where_the_first_stopped():
-    """Leaving the loop stops the first loader's thread before the next loader starts: the
-    source generator is never read by two threads at once."""
+    """Leaving the loop stops taking from the loader: a second loader over the same stream
+    gets what the first had not taken (those it placed ahead are dropped with it)."""
     stream = iter(batches(6))
     first = irt.ShardedLoader(stream, MESH, ("data", None), prefetch=1)
     for _ in first:
         break
     rest = list(irt.ShardedLoader(stream, MESH, ("data", None)))
-    assert 1 <= len(rest) <= 5  # the first loader may have taken one batch ahead
+    assert len(rest) == 6 - first.batches == 4
+    assert torch.equal(irt.to_torch(rest[0][0]), batches(6)[2][0])
 
 
 def test_mapping_batches_that_are_not_dicts_are_placed():

@@ -38,7 +38,7 @@ from ir_runtime._metrics import metrics, metrics_report, reset_metrics
 from ir_runtime._profile import profile
 from ir_sharding import Mesh
 
-__version__ = "0.8.0"
+__version__ = "0.8.1"
 
 register_lowering = register
 

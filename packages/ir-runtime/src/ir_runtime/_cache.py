@@ -112,10 +112,7 @@ class Executable:
         if self._unorder is not None:
             outs = [outs[j] for j in self._unorder]
         _collectives.launched(outs, self.sync)
-        _metrics.record("ExecuteTime", time.perf_counter() - start)
-        _metrics.count("ExecuteCount")
-        if self.donate:
-            _metrics.count("DonatedBuffers", len(self.donate))
+        _metrics.executed(time.perf_counter() - start, len(self.donate))
         return outs
 
 

@@ -15,6 +15,7 @@ from ir_runtime import _distributed, _metrics
 from ir_runtime._bounded import Bounded
 from ir_runtime._collectives import settle
 from ir_runtime._dtypes import enable_x64, name_of
+from ir_runtime._jaxapi import batched_put
 from ir_runtime._placement import Program
 
 
@@ -22,9 +23,26 @@ def put(host: np.ndarray, sharding):
     """A host array placed on ``sharding``. Over devices of several processes, each process
     places only the blocks its own devices hold (every process passes the same array)."""
     enable_x64()
-    if sharding.is_fully_addressable:
-        return jax.device_put(host, sharding)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    if not sharding.is_fully_addressable:
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    host = np.asarray(host)
+    key = (host.shape, host.dtype, sharding)
+    plan = _PUTS.get(key)
+    if plan is None:
+        index = sharding.addressable_devices_indices_map(host.shape)
+        devices = list(index)
+        # replicated: every device holds the whole array (indexing a 0-d one gives a scalar)
+        slices = None if sharding.is_fully_replicated else tuple(index.values())
+        plan = _PUTS[key] = (jax.core.ShapedArray(host.shape, host.dtype), devices, slices)
+    aval, devices, slices = plan
+    shards = [host] * len(devices) if slices is None else [host[i] for i in slices]
+    return batched_put(aval, sharding, shards, devices)
+
+
+# (shape, dtype, sharding) -> what ``put`` hands jax: a loader places batches of one shape over
+# one sharding every step, and jax.device_put would work out which slice goes to which device,
+# and check it, anew each time (half the cost of placing a small batch)
+_PUTS = Bounded(256)
 
 
 _GATHERS = Bounded(64)  # replicated sharding -> the jitted identity that gathers onto it

@@ -89,6 +89,15 @@ def one_frame_locations():
         yield
 
 
+def batched_put(aval, sharding, shards, devices):
+    """One jax.Array of ``aval`` placed as ``sharding``, from each device's host part
+    (``shards[i]`` onto ``devices[i]``), in one call: what ``jax.device_put(host, sharding)``
+    ends in, without working out and checking which part goes where again on every call."""
+    from jax._src.interpreters import pxla
+
+    return pxla.batched_device_put(aval, sharding, shards, devices)
+
+
 def all_gather_invariant(x, axes, dim: int):
     """``lax.all_gather(x, axes, axis=dim, tiled=True)`` whose result jax knows to be the same
     on every device along ``axes`` (invariant), so an out spec may leave those axes out, as a
@@ -103,6 +112,7 @@ __all__ = [
     "ArrayImpl",
     "all_gather_invariant",
     "backends_are_initialized",
+    "batched_put",
     "distributed_client",
     "one_frame_locations",
     "recorded_at",

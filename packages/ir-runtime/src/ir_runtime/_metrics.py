@@ -44,11 +44,25 @@ def count(name: str, n: int = 1) -> None:
 
 def record(name: str, value: float) -> None:
     with _lock:
-        t = _timers.setdefault(name, [0, 0.0, 0.0, 0.0])
-        t[0] += 1
-        t[1] += value
-        t[2] = max(t[2], value)
-        t[3] = value
+        _record(name, value)
+
+
+def _record(name: str, value: float) -> None:
+    t = _timers.setdefault(name, [0, 0.0, 0.0, 0.0])
+    t[0] += 1
+    t[1] += value
+    t[2] = max(t[2], value)
+    t[3] = value
+
+
+def executed(seconds: float, donated: int) -> None:
+    """A program ran: ``ExecuteTime`` and ``ExecuteCount``, and ``DonatedBuffers`` when it took
+    buffers over (one lock for all three: a replay's hot path)."""
+    with _lock:
+        _record("ExecuteTime", seconds)
+        _counters["ExecuteCount"] = _counters.get("ExecuteCount", 0) + 1
+        if donated:
+            _counters["DonatedBuffers"] = _counters.get("DonatedBuffers", 0) + donated
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import torch
 
 from ir_core import DeviceData, Shape, Value, dump_dot, dump_text, relink
 from ir_runtime import _metrics
-from ir_runtime._data import device_data
+from ir_runtime._data import device_data, put
 from ir_runtime._dtypes import name_of
 from ir_runtime._execute import reshard
 from ir_runtime._frontend import _step
@@ -115,7 +115,7 @@ def place_local(local: torch.Tensor, spec: ShardingSpec, global_shape=None):
     sharding = spec.to_jax()
     try:
         if sharding.is_fully_addressable and global_shape in (None, tuple(local.shape)):
-            array = jax.device_put(host_numpy(local), sharding)  # one process: the whole tensor
+            array = put(host_numpy(local), sharding)  # one process: the whole tensor
         else:
             array = jax.make_array_from_process_local_data(
                 sharding, host_numpy(local), global_shape

@@ -129,7 +129,8 @@ class CompiledStep:
             else:
                 out = plan.replay(leaves, _data_nodes(leaves))
             if type(out) is not _Miss:
-                self._failures[key] = 0
+                if self._failures:  # (the usual replay has none to forget: no key to hash)
+                    self._failures.pop(key, None)
                 return out
             self.last_guard_failure = out.why
             del self._replay[key]

@@ -11,6 +11,12 @@ token, whose program holds that token's forward and the KV cache update. With
 any length compiles two programs (the prefill and the decoding step) and then only hits the
 cache. With the default dynamic cache the cache grows, and each token is its own program.
 
+transformers keeps a static cache on the model between calls and zeroes it for the next one.
+On the lazy device that reuse costs two programs more (the zeroing, pending, joins the next
+prefill, and the cache's length is read to the host first): each call here starts a fresh
+cache instead, which the prefill program allocates itself, so later generations of the same
+shapes compile nothing.
+
 Encoder-decoder models (T5) build their decoder's attention mask, when none is given, as ones
 of the length so far: one more column each token, a new program each token even with the static
 cache. Here, with a static cache, each decoding forward is given that mask already at the
@@ -82,6 +88,7 @@ def generate(model, inputs=None, **kwargs):
     """
     lazy_inputs = isinstance(inputs, LazyTensor) or isinstance(kwargs.get("input_ids"), LazyTensor)
     kwargs = {k: to_torch(v) for k, v in kwargs.items()}
+    model.__dict__.pop("_cache", None)  # a fresh static cache (module docstring)
     hook = model.register_forward_hook(_logits_to_host, with_kwargs=True)
     masks = model.register_forward_pre_hook(_full_decoder_mask, with_kwargs=True)
     try:

@@ -1,23 +1,26 @@
 """``ShardedLoader``: batches placed on the mesh before the step asks for them.
 
-torch_xla's ``MpDeviceLoader(loader, device, input_sharding=...)``: a background thread takes
-the next batches from the loader and places each tensor over the mesh (the host-to-device copy
-overlaps the step running meanwhile); iterating yields batches of lazy tensors holding that
-data, annotated with their sharding, in the loader's structure (tensors inside tuples, lists
-and dicts; anything else passed through).
+torch_xla's ``MpDeviceLoader(loader, device, input_sharding=...)``, done as jax's input
+pipelines do it: each ``next`` places a batch ``prefetch`` batches ahead over the mesh, then
+yields one placed earlier, as lazy tensors holding that data, annotated with their sharding,
+in the loader's structure (tensors inside tuples, lists and dicts; anything else passed
+through). A placement only starts the host-to-device copy, so the copy runs while the steps
+before that batch's run.
+
+No thread: a loading thread would fight the training loop for Python's lock on every batch
+(on a 2-core machine that cost a third of a small step, against a tenth for placing on the
+loop's own thread). The loading itself is the loader's: a ``DataLoader`` with ``num_workers``
+reads and collates batches in its worker processes, ahead of the loop.
 
 Across processes each process's loader yields only this process's rows (what
 ``process_local_slices`` names: a ``DistributedSampler`` does it), and every process places
 its part of one global batch, as ``from_process_local`` does. A tensor the spec leaves
 replicated must then be the same in every process.
-
-Leaving the loop early stops the thread once it has placed the batch it is on.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+from collections import deque
 from collections.abc import Mapping
 
 import torch
@@ -25,11 +28,9 @@ import torch
 from ir_runtime._frontend._api import place_local, placed_tensor
 from ir_sharding import Mesh, ShardingError, ShardingSpec
 
-_DONE = object()  # the loader is exhausted
-
 
 class _Placed:
-    """A batch tensor's data, placed by the loading thread: ``placed_tensor``'s arguments."""
+    """A batch tensor's data, placed ahead: ``placed_tensor``'s arguments."""
 
     __slots__ = ("array", "spec")
 
@@ -38,7 +39,11 @@ class _Placed:
 
 
 class _Failed:
-    """An exception the loading thread raised, handed to the consumer to raise."""
+    """What placing a batch ahead raised (the loader's own error, or a tensor that does not
+    fit its spec): raised by the ``next`` that would have yielded that batch, once the batches
+    before it have been used."""
+
+    __slots__ = ("error",)
 
     def __init__(self, error: BaseException):
         self.error = error
@@ -55,9 +60,10 @@ class ShardedLoader:
             first (``("data", None)``). A tensor with fewer dims takes the first entries (those
             beyond its rank must be None), one with more dims is replicated along the rest.
             For dict batches, a dict of partition specs by key (a key left out: replicated).
-        prefetch: how many batches to place ahead of the one being used (at least 1).
+        prefetch: how many batches to place ahead of the one being used (at least 1). Each
+            holds device memory until it is used.
 
-    Raises (when a batch is placed, at the ``next`` that would yield it):
+    Raises (at the ``next`` that would yield the batch):
         ShardingError: a tensor whose dims do not divide over the mesh axes of its spec.
     """
 
@@ -71,46 +77,35 @@ class ShardedLoader:
             self.specs = {k: _entries(v, k) for k, v in partition_spec.items()}
         else:
             self.specs = _entries(partition_spec, "partition_spec")
-        self.batches = 0  # batches placed so far (by the thread, ahead of the consumer)
+        self.batches = 0  # batches placed so far (ahead of the ones yielded)
         self._specs: dict = {}  # (key, rank) -> ShardingSpec: one per kind of tensor
 
     def __len__(self):
         return len(self.loader)
 
     def __iter__(self):
-        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=self._load, args=(ready, stop), name="ir_runtime-loader", daemon=True
-        )
-        thread.start()
-        try:
-            while True:
-                item = ready.get()
-                if item is _DONE:
-                    return
-                if type(item) is _Failed:
-                    raise item.error
-                yield _rebuild(item, _lazy)
-        finally:
-            stop.set()
-            while thread.is_alive():  # unblock a thread waiting to put; it ends at its check
-                while not ready.empty():
-                    ready.get_nowait()
-                thread.join(timeout=0.1)
-
-    def _load(self, ready: queue.Queue, stop: threading.Event) -> None:
-        try:
-            for batch in self.loader:
-                if stop.is_set():
-                    return
-                placed = _rebuild(batch, self._place)
-                self.batches += 1
-                if not _put(ready, placed, stop):
-                    return
-            _put(ready, _DONE, stop)
-        except BaseException as e:  # handed over: the consumer raises it
-            _put(ready, _Failed(e), stop)
+        source = iter(self.loader)
+        ahead: deque = deque()  # placed batches (or a _Failed last), in the loader's order
+        while True:
+            while len(ahead) <= self.prefetch and not (ahead and type(ahead[-1]) is _Failed):
+                try:
+                    batch = next(source)
+                except StopIteration:
+                    break
+                except Exception as e:  # the loader's own error: after the batches before it
+                    ahead.append(_Failed(e))
+                    break
+                try:
+                    ahead.append(_rebuild(batch, self._place))
+                    self.batches += 1
+                except Exception as e:
+                    ahead.append(_Failed(e))
+            if not ahead:
+                return
+            item = ahead.popleft()
+            if type(item) is _Failed:
+                raise item.error
+            yield _rebuild(item, _lazy)
 
     def _place(self, t, key):
         if not isinstance(t, torch.Tensor):
@@ -125,17 +120,6 @@ class ShardedLoader:
 
 def _lazy(x, key):
     return placed_tensor(x.array, x.spec) if type(x) is _Placed else x
-
-
-def _put(ready: queue.Queue, item, stop: threading.Event) -> bool:
-    """Hand ``item`` over, unless the consumer has stopped meanwhile (False then)."""
-    while not stop.is_set():
-        try:
-            ready.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 def _entries(partition_spec, what) -> tuple:

@@ -68,8 +68,8 @@ def _unflatten(structure, leaves):
 
 
 def _leaf_key(k: int, x):
-    if type(x) is LazyTensor:  # the common case first
-        return (True, tuple(x.shape), x.dtype, x.requires_grad)
+    if type(x) is LazyTensor:  # the common case first: its value's Shape (dims and dtype)
+        return (True, x._ir.shape, x.requires_grad)
     if isinstance(x, torch.Tensor):
         return (type(x) is LazyTensor, tuple(x.shape), x.dtype, x.requires_grad)
     try:
