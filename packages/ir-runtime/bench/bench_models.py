@@ -225,9 +225,10 @@ def _bench_training(make, steps):
     exe.run = lambda arrays: ran.append([_copy(a) for a in arrays]) or run(arrays)
     compiled(lazy, *lazy_batch())
     exe.run = run
-    for _ in range(steps - 4):
-        arrays = [_copy(a) for a in ran[-1]]  # fresh: the program takes donated buffers over
-        jax.block_until_ready(arrays)
+    # fresh buffers for every run, made beforehand: the program takes donated ones over
+    fresh = [[_copy(a) for a in ran[-1]] for _ in range(steps - 4)]
+    jax.block_until_ready(fresh)
+    for arrays in fresh:
         start = time.perf_counter()
         exe.compiled(*arrays)[0].block_until_ready()
         times["alone"].append(time.perf_counter() - start)
