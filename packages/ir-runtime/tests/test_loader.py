@@ -105,6 +105,27 @@ def test_batches_are_placed_prefetch_ahead_of_the_one_in_use(prefetch):
     assert next(it, None) is None
 
 
+def test_a_loader_that_ended_is_not_asked_again():
+    class Once:
+        """An iterator that refuses to be asked again once it has ended."""
+
+        def __init__(self, items):
+            self.items, self.ended = iter(items), False
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            assert not self.ended, "asked again after it ended"
+            try:
+                return next(self.items)
+            except StopIteration:
+                self.ended = True
+                raise
+
+    assert len(list(irt.ShardedLoader(Once(batches(3)), MESH, ("data", None), prefetch=2))) == 3
+
+
 def test_errors_come_in_order_naming_the_tensor_and_the_rule():
     with pytest.raises(TypeError, match="takes an ir_sharding Mesh"):
         irt.ShardedLoader([], "mesh", ("data",))
