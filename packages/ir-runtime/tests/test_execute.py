@@ -213,3 +213,30 @@ def test_placing_host_data_matches_jax_device_put(entries, host):
         np.testing.assert_array_equal(np.asarray(got), value)
         for s in got.addressable_shards:
             np.testing.assert_array_equal(np.asarray(s.data), value[s.index])
+
+
+def test_placing_unusual_host_data_is_checked_as_jax_checks_it():
+    """What the cached placement cannot take (another byte order, a masked array, a spec longer
+    than the array's rank) is jax.device_put's to convert or refuse, never placed wrong."""
+    import jax
+
+    from ir_runtime._data import put
+
+    mesh = Mesh(range(8), (4, 2), ("data", "model"))
+    rows = ShardingSpec(mesh, ("data", None)).to_jax()
+    for _ in range(2):  # the second time, a plan for the native array of this kind exists
+        np.testing.assert_array_equal(
+            np.asarray(put(np.arange(8.0).reshape(4, 2), rows)), np.arange(8.0).reshape(4, 2)
+        )
+        big = np.arange(8, dtype=">f4").reshape(4, 2)
+        try:
+            want = np.asarray(jax.device_put(big, rows))
+        except TypeError:
+            with pytest.raises(TypeError):
+                put(big, rows)
+        else:
+            np.testing.assert_array_equal(np.asarray(put(big, rows)), want)
+        with pytest.raises(ValueError):
+            put(np.ma.masked_array(np.ones((4, 2)), mask=np.zeros((4, 2))), rows)
+        with pytest.raises(ValueError):
+            put(np.ones(4), rows)  # a 2-entry spec for a 1-D array

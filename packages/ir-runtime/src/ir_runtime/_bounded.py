@@ -21,7 +21,7 @@ class Bounded(dict):
 
     def __setitem__(self, key, value) -> None:
         if len(self) >= self.capacity and key not in self:
-            del self[next(iter(self))]
+            self.pop(next(iter(self)), None)  # (another thread may have dropped it first)
         dict.__setitem__(self, key, value)
 
     def setdefault(self, key, default=None):

@@ -25,21 +25,26 @@ def put(host: np.ndarray, sharding):
     enable_x64()
     if not sharding.is_fully_addressable:
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-    host = np.asarray(host)
-    key = (host.shape, host.dtype, sharding)
+    if type(host) is not np.ndarray or not host.dtype.isnative:
+        return jax.device_put(host, sharding)  # jax checks (and converts) anything unusual
+    key = (host.shape, host.dtype, sharding, jax.config.jax_enable_x64)
     plan = _PUTS.get(key)
     if plan is None:
+        # The first of its kind goes through jax.device_put, which checks the array against
+        # the sharding (rank, divisibility, dtype) and says what it makes of it; later ones of
+        # the same kind are placed as that one was.
+        placed = jax.device_put(host, sharding)
         index = sharding.addressable_devices_indices_map(host.shape)
-        devices = list(index)
         # replicated: every device holds the whole array (indexing a 0-d one gives a scalar)
         slices = None if sharding.is_fully_replicated else tuple(index.values())
-        plan = _PUTS[key] = (jax.core.ShapedArray(host.shape, host.dtype), devices, slices)
+        _PUTS[key] = (placed.aval, list(index), slices)
+        return placed
     aval, devices, slices = plan
     shards = [host] * len(devices) if slices is None else [host[i] for i in slices]
     return batched_put(aval, sharding, shards, devices)
 
 
-# (shape, dtype, sharding) -> what ``put`` hands jax: a loader places batches of one shape over
+# (shape, dtype, sharding, x64) -> what ``put`` hands jax: a loader places batches of one shape over
 # one sharding every step, and jax.device_put would work out which slice goes to which device,
 # and check it, anew each time (half the cost of placing a small batch)
 _PUTS = Bounded(256)

@@ -94,6 +94,7 @@ class ShardedLoader:
                 except StopIteration:
                     more = False
                     break
+                # (an interrupt, not an Exception, comes out at once: Ctrl-C stops the loop now)
                 except Exception as e:  # the loader's own error: after the batches before it
                     ahead.append(_Failed(e))
                     more = False
