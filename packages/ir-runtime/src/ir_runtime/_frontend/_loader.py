@@ -90,21 +90,18 @@ class ShardedLoader:
         while True:
             while more and len(ahead) <= self.prefetch:
                 try:
-                    batch = next(source)
+                    placed = _rebuild(next(source), self._place)
                 except StopIteration:
                     more = False
                     break
-                # (an interrupt, not an Exception, comes out at once: Ctrl-C stops the loop now)
-                except Exception as e:  # the loader's own error: after the batches before it
-                    ahead.append(_Failed(e))
-                    more = False
-                    break
-                try:
-                    ahead.append(_rebuild(batch, self._place))
-                    self.batches += 1
+                # The loader's own error, or a batch that does not fit its spec: raised after the
+                # batches before it. (An interrupt, not an Exception, comes out at once.)
                 except Exception as e:
                     ahead.append(_Failed(e))
                     more = False
+                    break
+                ahead.append(placed)
+                self.batches += 1
             if not ahead:
                 return
             item = ahead.popleft()
