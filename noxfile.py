@@ -66,7 +66,7 @@ def lint(session):
     pyx = [
         f"{CORE}/src/ir_core/{name}"
         for name in ("_nodes.pyx", "_nodes.pxd", "_graph.pyx", "_canon.pxd")
-    ] + [f"{RUNTIME}/src/ir_runtime/_frontend/_fast.pyx"]
+    ] + [f"{RUNTIME}/src/ir_runtime/_frontend/recording/_fast.pyx"]
     session.run("cython-lint", "--max-line-length", "100", *pyx)
 
 

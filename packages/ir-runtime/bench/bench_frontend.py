@@ -106,7 +106,7 @@ class _Block(torch.nn.Module):
 def bench_source_lines(n, rounds):
     """Trace cost with source lines on against off (``_fast.set_origins``), us/op, in a flat
     loop and inside a module's forward; each round's ratio pairs adjacent measurements."""
-    from ir_runtime._frontend import _fast
+    from ir_runtime._frontend.recording import _fast
 
     x = irt.to_lazy(torch.ones(8, 8))
     block = _Block()

@@ -45,7 +45,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from ir_runtime._cache import memory_of  # noqa: E402
-from ir_runtime._frontend import _step, inspect  # noqa: E402
+from ir_runtime._frontend import inspect  # noqa: E402
+from ir_runtime._frontend.steps import _step  # noqa: E402
 from ir_sharding import ShardingSpec  # noqa: E402
 
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))

@@ -12,7 +12,7 @@ import torch
 import ir_runtime as irt
 from ir_core import Generic, Shape, Value
 from ir_runtime._frontend import inspect
-from ir_runtime._frontend._convert import TORCH_TO_IR
+from ir_runtime._frontend.recording._convert import TORCH_TO_IR
 
 TORCH_DTYPES = TORCH_TO_IR  # the front end's table: torch dtype -> ir-core name
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import ir_runtime as irt
-from ir_runtime._frontend import _fast, inspect
+from ir_runtime._frontend import inspect
+from ir_runtime._frontend.recording import _fast
 
 MESH = irt.Mesh(list(range(8)), (4, 2), ("data", "model"))
 HERE = os.path.basename(__file__)

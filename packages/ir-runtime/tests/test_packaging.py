@@ -19,7 +19,7 @@ def test_every_source_module_is_installed():
 
 
 def test_the_tracing_fast_path_is_compiled():
-    from ir_runtime._frontend import _fast
+    from ir_runtime._frontend.recording import _fast
 
     assert Path(_fast.__file__).suffix in (".so", ".pyd"), _fast.__file__
 

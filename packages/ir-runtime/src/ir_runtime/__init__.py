@@ -14,6 +14,8 @@ schemas, nothing more). The PyTorch front end (``to_lazy``, ``mark_step``, ``com
 compile.
 """
 
+import importlib
+
 from ir_runtime._cache import CACHE, Executable, compile
 from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import GatherWarning, to_device, to_host
@@ -43,16 +45,55 @@ __version__ = "0.8.1"
 register_lowering = register
 
 
-def __getattr__(name: str):
-    # The front end's names (in __all__, not defined above): imported, and the front end
-    # installed into torch, on first use.
-    if name in _FRONTEND:
-        from ir_runtime import _frontend
+# The front end's public names: the module under ir_runtime._frontend that defines each. The
+# first use of one imports it and installs the front end into torch (``install``).
+_FRONTEND = {
+    **dict.fromkeys(
+        (
+            "clear_sharding",
+            "dump",
+            "from_process_local",
+            "mark_sharding",
+            "process_local_slices",
+            "to_lazy",
+            "visualize_sharding",
+        ),
+        "recording._api",
+    ),
+    "LazyTensor": "recording._tensor",
+    **dict.fromkeys(("mark_step", "to_torch"), "steps._step"),
+    **dict.fromkeys(("CaptureWarning", "CompiledStep", "compile_step"), "steps._capture"),
+    "generate": "steps._generate",
+    **dict.fromkeys(
+        (
+            "all_gather",
+            "all_reduce",
+            "all_to_all",
+            "axis_index",
+            "ppermute",
+            "reduce_scatter",
+            "shard_map",
+        ),
+        "regions._shard_map",
+    ),
+    "scan_layers": "regions._scan",
+    **dict.fromkeys(("mark_sharding_with_gradients", "shard_as"), "regions._layouts"),
+    **dict.fromkeys(("CheckpointManager", "consolidated_state_dict"), "io._checkpoints"),
+    "ShardedLoader": "io._loader",
+    "install": "_install",
+}
 
-        value = getattr(_frontend, name)
-        globals()[name] = value  # found once
-        return value
-    raise AttributeError(f"module 'ir_runtime' has no attribute {name!r}")
+
+def __getattr__(name: str):
+    where = _FRONTEND.get(name)
+    if where is None:
+        raise AttributeError(f"module 'ir_runtime' has no attribute {name!r}")
+    from ir_runtime._frontend._install import install
+
+    install()
+    value = getattr(importlib.import_module(f"ir_runtime._frontend.{where}"), name)
+    globals()[name] = value  # found once
+    return value
 
 
 def supported_ops() -> list[str]:
@@ -120,7 +161,6 @@ __all__ = [
     "visualize_sharding",
     "wait_device_ops",
 ]
-_FRONTEND = frozenset(__all__) - set(globals())
 
 
 def __dir__():

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ir_core import DeviceData
 from ir_runtime._cache import LAST_RUN
-from ir_runtime._frontend import _dispatch, _fast, _record
-from ir_runtime._frontend._tensor import LazyTensor
+from ir_runtime._frontend.recording import _dispatch, _fast, _record
+from ir_runtime._frontend.recording._tensor import LazyTensor
 
 
 def value_of(t: LazyTensor):

@@ -23,6 +23,7 @@ from ir_runtime._lowering import (  # noqa: F401  (importing registers the rules
     pooling,
     random,
     reductions,
+    regions,
     sampling,
     shape,
     sorting,

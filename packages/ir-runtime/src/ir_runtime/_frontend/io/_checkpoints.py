@@ -1,0 +1,475 @@
+"""``CheckpointManager``: sharded checkpoints of a training run, saved and restored with orbax.
+
+A checkpoint is an orbax ``CheckpointManager`` step directory with two items: ``arrays`` (every
+tensor, as orbax's standard pytree of arrays: each process writes only the shards it holds,
+nothing is gathered to one host) and ``meta`` (JSON: plain Python values, optimizer
+hyperparameters, which tensors were host tensors, the random streams). orbax writes a step
+into a temporary directory and renames it when complete, so a process killed during a save
+leaves the earlier checkpoints as they were and no partial one listed; ``max_to_keep`` deletes
+the oldest only once the newest is complete.
+
+What a state holds (a mapping of names to): modules (their ``state_dict``), optimizers (their
+``state_dict``: per-parameter state and the parameter groups' hyperparameters), tensors (lazy
+or host), and plain values (None, bool, int, float, str, and lists, tuples and dicts of them).
+The lazy random stream and torch's CPU generator are saved with every checkpoint and restored
+with it, so dropout after a resume draws what an uninterrupted run would.
+
+Restoring reads each array straight into the placement its tensor has now (its sharding, or
+the sharding of the parameter an optimizer state belongs to), whatever the layout it was saved
+from: another mesh, another process count, sharded or replicated. Everything is checked before
+anything is assigned: a key, shape or dtype that does not match is named, with both sides, and
+nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import torch
+
+from ir_core import DeviceData, Shape, Value
+from ir_runtime._dtypes import name_of
+from ir_runtime._frontend.recording import _rng
+from ir_runtime._frontend.recording._convert import host_numpy, host_tensor, ir_dtype
+from ir_runtime._frontend.recording._tensor import LazyTensor, live
+from ir_runtime._frontend.recording._views import write_through
+from ir_runtime._frontend.steps import _step
+from ir_sharding import ShardingSpec
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _orbax():
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError as e:  # an optional dependency: ir-runtime[checkpoint]
+        raise ImportError(
+            "CheckpointManager needs orbax-checkpoint: pip install 'ir-runtime[checkpoint]'"
+        ) from e
+    return ocp
+
+
+def _plain(value, where: str):
+    """A plain value as JSON (tuples kept apart from lists)."""
+    if isinstance(value, _PLAIN):
+        if isinstance(value, float) and not np.isfinite(value):
+            return {"__float__": repr(value)}
+        return value
+    if isinstance(value, tuple):
+        return {"__tuple__": [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"checkpoint state {where}: dict keys must be str, got {k!r}")
+            out[k] = _plain(v, f"{where}[{k!r}]")
+        return out
+    raise TypeError(
+        f"checkpoint state {where} is a {type(value).__name__}: a state holds modules, "
+        f"optimizers, tensors and plain values (None, bool, int, float, str, lists, tuples, "
+        f"dicts)"
+    )
+
+
+def _unplain(value):
+    if isinstance(value, list):
+        return [_unplain(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"__tuple__"}:
+            return tuple(_unplain(v) for v in value["__tuple__"])
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        return {k: _unplain(v) for k, v in value.items()}
+    return value
+
+
+def _array_of(t: torch.Tensor):
+    """A tensor's data as orbax saves it: a lazy tensor's device array, a host tensor's numpy."""
+    if isinstance(t, LazyTensor):
+        node = _step.materialize(t)
+        h = node.handle
+        if isinstance(h, jax.Array) and not _local(h):
+            return h
+        return np.asarray(h)  # (this process's own copy of data every process holds alike)
+    return host_numpy(t.detach())
+
+
+def _local(a: jax.Array) -> bool:
+    """Data on this process's devices only, in a run of several: what a tensor holds before
+    its first program places it over the mesh, the same in every process."""
+    return jax.process_count() > 1 and a.is_fully_addressable
+
+
+class _Entry:
+    """One tensor of the state: its shape and dtype, where its data is to be placed (None:
+    host memory) and how the restored array goes back into it."""
+
+    __slots__ = ("assign", "dtype", "shape", "sharding")
+
+    def __init__(self, t: torch.Tensor):
+        self.shape, self.dtype = tuple(t.shape), ir_dtype(t.dtype)
+        self.sharding = _sharding_of(t) if isinstance(t, LazyTensor) else None
+        self.assign = (
+            (lambda a, t=t: _rebind(t, a))
+            if isinstance(t, LazyTensor)
+            else (lambda a, t=t: _copy_host(t, a))
+        )
+
+
+def _sharding_of(t: LazyTensor):
+    """Where a lazy tensor's data lives now: its data's placement, else its annotation; None
+    for host data not yet placed (restored to host memory, placed by the next program as it
+    would have been)."""
+    h = _step.materialize(t).handle
+    if isinstance(h, jax.Array) and not _local(h):
+        return h.sharding
+    spec = t._where()
+    return spec.to_jax() if spec is not None else None
+
+
+def _value_of(array) -> Value:
+    """A restored array as a lazy value: placed data, or host data to be placed."""
+    if not isinstance(array, jax.Array):
+        a = np.array(array)
+        return Value(DeviceData(Shape(name_of(a.dtype), a.shape), handle=a))
+    # Unsharded data on one device carries no spec, as a tensor's first placement does: the
+    # program it meets places it over its own devices.
+    single = isinstance(array.sharding, jax.sharding.SingleDeviceSharding)
+    spec = None if single else ShardingSpec.from_jax(array.sharding, array.ndim)
+    shape = Shape(name_of(array.dtype), tuple(array.shape))
+    return Value(DeviceData(shape, handle=array, sharding=spec))
+
+
+def _rebind(t: LazyTensor, array) -> None:
+    value = _value_of(array)
+    if isinstance(array, jax.Array):
+        t._bind(value.node)
+    else:
+        t._ir = value  # host data, as to_lazy leaves it: the next program places it
+    if t._views:
+        write_through(t)
+
+
+def _copy_host(t: torch.Tensor, array) -> None:
+    with torch.no_grad():
+        t.copy_(host_tensor(np.asarray(array), ir_dtype(t.dtype)))
+
+
+class CheckpointManager:
+    """Save and restore a training run's state (module docstring) under ``directory``.
+
+    Args:
+        directory: where the checkpoints go (created if missing): one subdirectory per step.
+        save_interval: ``save``/``save_async`` save only steps that are multiples of it (or
+            when ``force=True``).
+        max_to_keep: how many checkpoints to keep (None: all); the oldest go first, once the
+            newest is complete.
+    """
+
+    def __init__(self, directory, save_interval: int = 1, max_to_keep: int | None = None):
+        if (
+            isinstance(save_interval, bool)
+            or not isinstance(save_interval, int)
+            or save_interval < 1
+        ):
+            raise ValueError(f"save_interval must be a positive int, got {save_interval!r}")
+        if max_to_keep is not None and (
+            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
+        ):
+            raise ValueError(f"max_to_keep must be None or a positive int, got {max_to_keep!r}")
+        ocp = _orbax()
+        self.directory = os.path.abspath(os.fspath(directory))
+        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
+            raise NotADirectoryError(f"checkpoint directory {self.directory} is a file")
+        self.save_interval = save_interval
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
+        )
+        self._ocp = ocp
+        self._mngr = ocp.CheckpointManager(
+            self.directory,
+            options=options,
+            item_handlers={
+                "arrays": ocp.StandardCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler(),
+            },
+        )
+
+    # -- what there is ---------------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """The steps with a complete checkpoint, oldest first."""
+        return sorted(self._mngr.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    # -- saving ----------------------------------------------------------------------------
+
+    def save(self, step: int, state, force: bool = False) -> bool:
+        """Save ``state`` as ``step`` and wait until it is written; False when the interval
+        skips this step."""
+        saved = self.save_async(step, state, force)
+        self.join()
+        return saved
+
+    def save_async(self, step: int, state, force: bool = False) -> bool:
+        """Snapshot ``state`` as ``step`` and write it in the background: returns once the
+        device data is copied out, so training can go on; a save still running is waited for
+        first. False when the interval skips this step."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"a checkpoint step is a non-negative int, got {step!r}")
+        if not force and step % self.save_interval:
+            return False
+        if step in self.all_steps():
+            raise ValueError(f"step {step} is already saved in {self.directory}")
+        arrays, meta = self._snapshot(state)
+        ocp = self._ocp
+        self._mngr.save(
+            step,
+            args=ocp.args.Composite(
+                arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)
+            ),
+            force=True,
+        )
+        return True
+
+    def join(self) -> None:
+        """Wait until every save started has been written."""
+        self._mngr.wait_until_finished()
+
+    def close(self) -> None:
+        self.join()
+        self._mngr.close()
+
+    def _snapshot(self, state):
+        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+            raise TypeError("a checkpoint state is a dict of str names to its parts")
+        _run_pending()
+        arrays, meta = {}, {"plain": {}, "host": [], "optimizers": {}, "rng": _rng_state()}
+        for name, part in state.items():
+            if isinstance(part, torch.nn.Module):
+                arrays[name] = {k: _array_of(t) for k, t in part.state_dict().items()}
+                meta["host"] += [
+                    f"{name}/{k}"
+                    for k, t in part.state_dict().items()
+                    if not isinstance(t, LazyTensor)
+                ]
+            elif isinstance(part, torch.optim.Optimizer):
+                sd = part.state_dict()
+                tensors, plain = {}, {}
+                for i, s in sd["state"].items():
+                    for k, v in s.items():
+                        if isinstance(v, torch.Tensor):
+                            tensors.setdefault(str(i), {})[k] = _array_of(v)
+                            if not isinstance(v, LazyTensor):
+                                meta["host"].append(f"{name}/{i}/{k}")
+                        else:
+                            plain.setdefault(str(i), {})[k] = _plain(v, f"{name!r} state {i} {k!r}")
+                arrays[name] = tensors
+                groups = [{k: v for k, v in g.items()} for g in sd["param_groups"]]
+                meta["optimizers"][name] = {
+                    "groups": _plain(groups, f"{name!r} param_groups"),
+                    "plain": plain,
+                    "indices": sorted(int(i) for i in sd["state"]),
+                }
+            elif isinstance(part, torch.Tensor):
+                arrays[name] = {"": _array_of(part)}
+                if not isinstance(part, LazyTensor):
+                    meta["host"].append(f"{name}/")
+            else:
+                meta["plain"][name] = _plain(part, repr(name))
+        return arrays, meta
+
+    # -- restoring -------------------------------------------------------------------------
+
+    def restore(self, step, state) -> int:
+        """Restore ``step`` (None: the latest) into ``state`` (as ``save`` took it): tensors
+        rebound to the saved data placed as each is now, optimizers loaded, plain values
+        written back into ``state``. Returns the step."""
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+            step = steps[-1]
+        if step not in steps:
+            raise FileNotFoundError(
+                f"no checkpoint of step {step} in {self.directory}; the complete ones are {steps}"
+            )
+        ocp = self._ocp
+        try:
+            meta = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+                "meta"
+            ]
+            saved = self._mngr.item_metadata(step)["arrays"]
+        except Exception as e:
+            raise ValueError(f"checkpoint {step} in {self.directory} cannot be read: {e}") from e
+        _run_pending()
+        targets = self._targets(state, meta)
+        abstract = _check(targets, saved, set(meta["host"]))
+        try:
+            restored = self._mngr.restore(
+                step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract))
+            )["arrays"]
+        except Exception as e:
+            raise ValueError(f"checkpoint {step} in {self.directory} cannot be read: {e}") from e
+        for name, part in targets.items():  # everything checked and read: assign
+            if isinstance(part, _OptimizerTarget):
+                part.load(restored.get(name, {}), meta)
+            else:
+                for k, entry in part.items():
+                    a = restored[name][k]
+                    entry.assign(np.asarray(a) if entry.sharding is None else a)
+        for name, value in meta["plain"].items():
+            if name in state:
+                state[name] = _unplain(value)
+        _set_rng_state(meta["rng"])
+        return step
+
+    def _targets(self, state, meta) -> dict:
+        """Per part of ``state``: ``{key: _Entry}`` for tensors, or an assignment function."""
+        out = {}
+        for name, part in state.items():
+            if isinstance(part, torch.nn.Module):
+                own = dict(part.named_parameters())
+                own.update(part.named_buffers())
+                out[name] = {
+                    k: _Entry(own.get(k, t)) for k, t in part.state_dict(keep_vars=True).items()
+                }
+            elif isinstance(part, torch.optim.Optimizer):
+                out[name] = _OptimizerTarget(part, meta["optimizers"].get(name), name)
+            elif isinstance(part, torch.Tensor):
+                out[name] = {"": _Entry(part)}
+            elif name not in meta["plain"]:
+                raise KeyError(f"the checkpoint has no {name!r}; it has {sorted(meta['plain'])}")
+        return out
+
+
+class _OptimizerTarget:
+    """An optimizer's part of a restore: its state's entries are placed like their parameters."""
+
+    def __init__(self, opt, saved, name):
+        if saved is None:
+            raise KeyError(f"the checkpoint has no optimizer {name!r}")
+        self.opt, self.saved, self.name = opt, saved, name
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if len(saved["groups"]) != len(opt.param_groups) or any(
+            len(s["params"]) != len(g["params"])
+            for s, g in zip(saved["groups"], opt.param_groups, strict=True)
+        ):
+            raise ValueError(
+                f"optimizer {name!r}: the checkpoint's parameter groups hold "
+                f"{[len(s['params']) for s in saved['groups']]} parameters, this optimizer's "
+                f"{[len(g['params']) for g in opt.param_groups]}"
+            )
+        self.params = params
+        self.placed: dict = {}  # (index, key) -> whether the restore places it (abstract())
+
+    def abstract(self, saved_arrays, host: set) -> dict:
+        """The restore's tree for this optimizer's state: a host tensor when it was saved from
+        one (a CPU step count), else placed like its parameter when it has the parameter's
+        shape (moments), else on the default device (a capturable step count)."""
+        tree = {}
+        for i, keys in saved_arrays.items():
+            p = self.params[int(i)]
+            for k, m in keys.items():
+                sharding = None
+                if isinstance(p, LazyTensor) and tuple(m.shape) == tuple(p.shape):
+                    sharding = _sharding_of(p)
+                self.placed[(i, k)] = sharding is not None
+                tree.setdefault(i, {})[k] = _abstract(tuple(m.shape), m.dtype, sharding)
+        return tree
+
+    def load(self, arrays: dict, meta) -> None:
+        host = set(meta["host"])
+        sd = {"state": {}, "param_groups": _unplain(self.saved["groups"])}
+        for i in self.saved["indices"]:
+            s = {}
+            for k, a in arrays.get(str(i), {}).items():
+                if f"{self.name}/{i}/{k}" in host:  # saved from a host tensor (a CPU step)
+                    s[k] = host_tensor(np.asarray(a), name_of(np.asarray(a).dtype))
+                else:  # (host data where its parameter holds host data too)
+                    placed = self.placed.get((str(i), k), False)
+                    s[k] = LazyTensor(_value_of(a if placed else np.asarray(a)))
+            for k, v in self.saved["plain"].get(str(i), {}).items():
+                s[k] = _unplain(v)
+            sd["state"][i] = s
+        self.opt.load_state_dict(sd)
+
+
+def _check(targets: dict, saved, host: set) -> dict:
+    """The restore's abstract tree, after checking every key, shape and dtype against the
+    checkpoint's; the first mismatch is named with both sides."""
+    abstract = {}
+    for name, part in targets.items():
+        if not (isinstance(part, dict) or isinstance(part, _OptimizerTarget)):
+            continue
+        have = saved.get(name) if hasattr(saved, "get") else None
+        if have is None:
+            raise KeyError(f"the checkpoint has no {name!r}; it has {sorted(saved)}")
+        if isinstance(part, _OptimizerTarget):
+            abstract[name] = part.abstract(have, host)
+            continue
+        missing = [k for k in part if k not in have]
+        extra = [k for k in have if k not in part]
+        if missing or extra:
+            first = (missing or extra)[0]
+            side = "the checkpoint lacks" if missing else "the target lacks"
+            raise KeyError(f"{name!r}: {side} {first!r} (and {len(missing) + len(extra) - 1} more)")
+        tree = {}
+        for k, entry in part.items():
+            m = have[k]
+            if tuple(m.shape) != entry.shape or str(np.dtype(m.dtype)) != entry.dtype:
+                raise ValueError(
+                    f"{name!r} {k!r}: the checkpoint holds {list(m.shape)} {np.dtype(m.dtype)}, "
+                    f"the target {list(entry.shape)} {entry.dtype}"
+                )
+            tree[k] = _abstract(entry.shape, m.dtype, entry.sharding)
+        abstract[name] = tree
+    return abstract
+
+
+def _abstract(shape, dtype, sharding):
+    if sharding is None:  # a host tensor: restored to host memory
+        return np.zeros(shape, np.dtype(dtype))
+    return jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=sharding)
+
+
+def _run_pending() -> None:
+    """Pending work first: what is saved or restored into is data."""
+    if any(type(t._ir.node) is not DeviceData for t in live()):
+        _step.mark_step()
+
+
+def _rng_state() -> dict:
+    _rng.sync()
+    return {
+        "seed": torch.initial_seed(),
+        "step": _rng._state["step"],
+        "offset": _rng._state["offset"],
+        "torch": torch.get_rng_state().tolist(),
+    }
+
+
+def _set_rng_state(saved: dict) -> None:
+    torch.set_rng_state(torch.tensor(saved["torch"], dtype=torch.uint8))
+    _rng.sync()
+    _rng._state.update(step=saved["step"], offset=saved["offset"], key=None)
+
+
+def consolidated_state_dict(module: torch.nn.Module) -> dict:
+    """An ordinary CPU ``state_dict`` of ``module`` (every tensor gathered to this host), for
+    ``torch.save``, safetensors or Hugging Face."""
+    _run_pending()
+    return {
+        k: (_step.to_torch(v) if isinstance(v, LazyTensor) else v)
+        for k, v in module.state_dict().items()
+    }
+
+
+__all__ = ["CheckpointManager", "consolidated_state_dict"]

@@ -1,0 +1,264 @@
+"""Routing: what the lazy tensor does with each ATen call that reaches it.
+
+An op with a lowering rule is recorded (in C once seen, ``_fast``); an op with a front-end
+handler (registered with ``@special(op)``: ops that mutate, read the host, draw random numbers
+or have data-dependent shapes) runs the handler; an in-place op records its functional form and
+rebinds the tensor; ``out=`` and ``_foreach_`` forms become their plain ops; a composite op is
+decomposed with torch's own decompositions; anything else is a clear error naming the op.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._decomp import core_aten_decompositions, decomposition_table
+
+from ir_runtime import _metrics
+from ir_runtime._bounded import Bounded
+from ir_runtime._errors import UnsupportedOpError
+from ir_runtime._frontend.recording import _fast
+from ir_runtime._frontend.recording._meta import infer
+from ir_runtime._frontend.recording._record import _fast_parts, plan_of, record
+from ir_runtime._frontend.recording._tensor import _DATA, LazyTensor
+from ir_runtime._frontend.recording._views import rebind, write_through
+from ir_runtime._lowering import RULES, _registry
+
+aten = torch.ops.aten
+# torch's core ATen decompositions first, then its wider table (mse_loss and friends).
+_DECOMPOSITIONS = {**decomposition_table, **core_aten_decompositions()}
+
+
+_FUNCTIONAL: dict = {}  # OpOverload -> its functional overload (finite: ATen's ops)
+
+
+def _functional(func):
+    """The out-of-place overload of an in-place op (``add_.Tensor`` -> ``add.Tensor``): the
+    overload of the op without ``_`` that takes the same arguments, by name and type (overload
+    names do not always match: ``pow_.Scalar`` is ``pow.Tensor_Scalar``). Found once per op."""
+    if func not in _FUNCTIONAL:
+        _FUNCTIONAL[func] = _find_functional(func)
+    return _FUNCTIONAL[func]
+
+
+def _find_functional(func):
+    name = func._schema.name.split("::")[1]
+    packet = getattr(aten, name.rstrip("_"), None) if name.endswith("_") else None
+    if packet is None:
+        return None
+    candidates = [getattr(packet, o) for o in packet.overloads()]
+    candidates = [c for c in candidates if not c._schema.is_mutable]
+    for named in (True, False):  # the same names and types; else (dropout_'s self is
+        wanted = _signature_of(func, named)  # dropout's input) the only one of the same types
+        found = [c for c in candidates if _signature_of(c, named) == wanted]
+        if len(found) == 1 or (found and named):
+            return found[0]
+    return None
+
+
+def _signature_of(func, named: bool):
+    return tuple((a.name if named else "", str(a.type)) for a in func._schema.arguments)
+
+
+_OUT_FORMS = {"arange.start_out": "start_step", "arange.out": "default"}
+
+
+def _out_variant(func, args, kwargs):
+    """``op.out(..., out=t)``: the functional overload, then ``t`` rebound to its result."""
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out")
+    name = func._schema.name.split("::")[1]
+    packet = getattr(aten, name)
+    overload = func._overloadname
+    candidates = [_OUT_FORMS.get(f"{name}.{overload}"), overload.replace("_out", ""), "default"]
+    given = {a.name for a in func._schema.arguments[: len(args)]} | set(kwargs)
+    for candidate in candidates:
+        functional = getattr(packet, candidate, None) if candidate else None
+        if functional is None or functional._schema.is_mutable:
+            continue
+        names = {a.name for a in functional._schema.arguments}
+        if given <= names:
+            if "dtype" in names:
+                kwargs.setdefault("dtype", out.dtype)
+            result = dispatch(functional, args, kwargs)
+            rebind(out, result._ir)
+            write_through(out)
+            return out
+    raise UnsupportedOpError(f"{func} has no functional form the lazy device can record")
+
+
+_INPLACE_CHECKED = Bounded(4096)  # in-place call signatures torch's checks passed
+
+
+def _signature(x):
+    """What an in-place op's validity depends on: tensors by shape and dtype, numbers by
+    type, anything else by value."""
+    if type(x) is LazyTensor:
+        return x._ir.shape
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype)
+    if type(x) in (float, int, bool):
+        return type(x)
+    if isinstance(x, (list, tuple)):
+        return tuple(map(_signature, x))
+    return x
+
+
+def _inplace(func, args, kwargs):
+    if "out" in kwargs:
+        return _out_variant(func, args, kwargs)
+    functional = _functional(func)
+    if functional is None or not isinstance(args[0], LazyTensor):
+        raise UnsupportedOpError(
+            f"in-place op {func} has no out-of-place form the lazy device can record; "
+            f"report it with the model that needs it, or write the op out of place"
+        )
+    # torch's own checks of the in-place op on meta tensors (a dtype cannot widen in place,
+    # shapes must broadcast into self): the error a CPU user would get. Once per signature.
+    key = (id(func), *map(_signature, args), *((k, _signature(v)) for k, v in kwargs.items()))
+    if key not in _INPLACE_CHECKED:
+        infer(func, ("in-place", key), args, kwargs)
+        _INPLACE_CHECKED[key] = True
+    self = args[0]
+    result = dispatch(functional, args, kwargs)
+    if func._schema.name in _RESHAPE_IN_PLACE:
+        # squeeze_, t_, ...: the tensor's own shape changes (torch's matmul of a 1-D operand
+        # squeezes its product in place). ``.data``'s setter swaps in the result's metadata.
+        _DATA.__set__(self, result)
+        self._ir = result._ir
+        return self
+    rebind(self, result._ir)
+    write_through(self)
+    return self
+
+
+# In-place ops that change the tensor's shape rather than its values.
+_RESHAPE_IN_PLACE = frozenset(
+    f"aten::{name}_"
+    for name in (
+        "squeeze",
+        "unsqueeze",
+        "transpose",
+        "t",
+        "swapdims",
+        "swapaxes",
+        "as_strided",
+        "resize",
+        "resize_as",
+    )
+)
+
+
+def _foreach(func, args, kwargs):
+    """``_foreach_op[_].X`` as one ``op[_]`` per element, through torch's own Python API (which
+    picks the overload)."""
+    name = func._schema.name.split("::")[1][len("_foreach_") :]
+    bound = dict(zip([a.name for a in func._schema.arguments], args, strict=False))
+    bound.update(kwargs)
+    n = len(bound["self"])
+    results = []
+    for i in range(n):
+        positional, keywords = [], {}
+        for arg, v in bound.items():
+            item = v[i] if isinstance(v, (list, tuple)) else v
+            if arg in ("alpha", "value") or (arg in ("scalars", "scalar") and "addc" in name):
+                keywords["value" if arg.startswith("scalar") else arg] = item
+            elif arg == "ord" and name == "norm":
+                keywords["ord"] = item
+            elif item is not None or arg == "self":
+                positional.append(item)
+        if name == "norm":
+            results.append(torch.linalg.vector_norm(*positional, **keywords))
+        elif name.endswith("_"):
+            getattr(torch.Tensor, name)(*positional, **keywords)
+        else:
+            results.append(getattr(torch, name)(*positional, **keywords))
+    return None if name.endswith("_") else results
+
+
+SPECIAL: dict = {}  # OpOverload -> handler(func, args, kwargs)
+
+
+def special(*funcs):
+    """Register the decorated ``handler(func, args, kwargs)`` for the ATen overloads ``funcs``:
+    the front end calls it instead of recording the op (ops that mutate, read the host, draw
+    random numbers or have data-dependent shapes)."""
+
+    def add(handler):
+        for func in funcs:
+            if func in SPECIAL:
+                raise ValueError(f"{func} already has a front-end handler")
+            SPECIAL[func] = handler
+        forget_routes()
+        return handler
+
+    return add
+
+
+# By id: OpOverload hashes in Python, and ids of its (cached, immortal) overloads are stable.
+# Unbounded and needing no bound: one entry per ATen overload the program ever calls.
+_ROUTES: dict = {}
+_NO_KWARGS: dict = {}
+
+
+def forget_routes() -> None:
+    """Route every op afresh (after a lowering rule or a handler was registered)."""
+    _ROUTES.clear()
+    _fast.forget()
+
+
+_registry.ON_CHANGE.append(forget_routes)
+
+
+def _route(func):
+    handler = SPECIAL.get(func)
+    plan = plan_of(func)
+    recordable = plan if handler is None and plan.op in RULES else None
+    route = _ROUTES[id(func)] = (handler, recordable, plan)
+    if recordable is not None:
+        _fast.register(func, plan.positional)
+    return route
+
+
+def _dispatch(cls, func, types, args=(), kwargs=None):
+    """What the C dispatch leaves: keyword arguments, first sightings, several outputs, views,
+    in-place and special ops."""
+    route = _ROUTES.get(id(func))
+    if route is not None:
+        plan = route[1]
+        if plan is not None:
+            if kwargs:
+                return record(func, args, kwargs, plan)
+            return record(func, args, _NO_KWARGS, plan)
+    return dispatch(func, args, kwargs or _NO_KWARGS)
+
+
+def dispatch(func, args, kwargs):
+    route = _ROUTES.get(id(func)) or _route(func)
+    handler, recordable, plan = route
+    if handler is not None:
+        return handler(func, args, kwargs)
+    if recordable is not None:
+        return record(func, args, kwargs, recordable)
+    name = plan.name
+    if name.startswith("aten::_foreach_"):
+        return _foreach(func, args, kwargs)
+    if func._schema.is_mutable:
+        return _inplace(func, args, kwargs)
+    decomposition = _DECOMPOSITIONS.get(func)
+    if decomposition is not None:
+        out = decomposition(*args, **kwargs)
+        if out is not NotImplemented:
+            _metrics.count(f"Decomposed::{plan.op}")  # slow on the hot path: worth a rule?
+            return out
+    # A composite op (aten.to.dtype, ...) reached here from inside a decomposition.
+    out = func.decompose(*args, **kwargs)
+    if out is not NotImplemented:
+        return out
+    _metrics.count(f"Unsupported::{plan.op}")
+    raise UnsupportedOpError(
+        f"ATen op {plan.op} has no lowering rule and no decomposition on the lazy device. "
+        f"Report it (with the model that needs it); meanwhile compute it on CPU "
+        f"(t.cpu()) or register a rule with ir_runtime.register_lowering({plan.op!r})"
+    )
+
+
+_fast.configure(lazy=LazyTensor, dispatch=_dispatch, **_fast_parts)

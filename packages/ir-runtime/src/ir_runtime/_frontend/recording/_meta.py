@@ -1,0 +1,137 @@
+"""Output shapes of ATen calls, from torch's meta kernels, memoized per call signature.
+
+A few ops have no meta kernel, or one that disagrees with the CPU kernel: ``_NO_META`` gives
+their shapes instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ir_runtime._bounded import Bounded
+from ir_runtime._frontend.recording._convert import DEVICE, shape_of
+
+# memo key (op, input shapes and dtypes, attributes) -> output layout; read from C by _fast.
+MEMO = Bounded(1 << 16)
+
+
+def _like(k: int):
+    return lambda *args, **kwargs: torch.empty_like(args[k])
+
+
+def _margin_loss(func):
+    """torch's meta kernel gives a 1-D input's unreduced loss shape [1]; CPU gives []."""
+
+    names = [a.name for a in func._schema.arguments]
+    (reduction,) = [a for a in func._schema.arguments if a.name == "reduction"]
+    default = reduction.default_value if reduction.has_default_value() else None
+
+    def shapes(x, *args, **kwargs):
+        out = func(x, *args, **kwargs)
+        given = dict(zip(names[1:], args, strict=False)) | kwargs
+        if x.dim() == 1 and given.get("reduction", default) == 0:
+            first = out[0] if isinstance(out, tuple) else out
+            squeezed = first.new_empty(())
+            return (squeezed, *out[1:]) if isinstance(out, tuple) else squeezed
+        return out
+
+    return shapes
+
+
+def _lstsq(a, b, rcond=None, *, driver=None):
+    """linalg_lstsq's outputs: solution, residuals, rank, singular values, as the CPU kernel
+    gives them for its driver (gelsy by default)."""
+    driver = driver or "gelsy"
+    m, n = a.shape[-2:]
+    vector = b.dim() == 1 or (b.dim() == a.dim() - 1 and b.shape == a.shape[:-1])
+    b2 = b.unsqueeze(-1) if vector else b
+    batch = torch.broadcast_shapes(a.shape[:-2], b2.shape[:-2])
+    k = b2.shape[-1]
+    real = a.real.dtype if a.is_complex() else a.dtype
+    return (
+        a.new_empty((*batch, n) if vector else (*batch, n, k)),
+        a.new_empty((*batch, k) if m > n and driver != "gelsy" else (0,), dtype=real),
+        a.new_empty(a.shape[:-2] if driver != "gels" else (0,), dtype=torch.int64),
+        a.new_empty(
+            (*a.shape[:-2], min(m, n)) if driver in ("gelsd", "gelss") else (0,), dtype=real
+        ),
+    )
+
+
+_aten = torch.ops.aten
+# Output shapes (as meta tensors) of the ATen ops torch has no meta kernel for, or whose meta
+# kernel disagrees with the CPU kernel; the rest come from torch's meta kernels.
+_NO_META = {
+    _aten.fractional_max_pool3d_backward.default: _like(1),
+    _aten._ctc_loss_backward.default: _like(1),
+    _aten.multi_margin_loss_backward.default: _like(1),
+    _aten.multilabel_margin_loss_backward.default: _like(1),
+    _aten.geqrf.default: lambda x: (
+        torch.empty_like(x),
+        x.new_empty((*x.shape[:-2], min(x.shape[-2], x.shape[-1]))),
+    ),
+    _aten.linalg_lstsq.default: _lstsq,
+    _aten.histogram.bin_ct: lambda x, bins=100, *, range=None, weight=None, density=False: (
+        x.new_empty((bins,)),
+        x.new_empty((bins + 1,)),
+    ),
+    _aten.histogram.bins_tensor: lambda x, bins, *, weight=None, density=False: (
+        x.new_empty((bins.numel() - 1,)),
+        bins.new_empty(bins.shape),
+    ),
+    _aten._histogramdd_bin_edges.default: (
+        lambda x, bins, *, range=None, weight=None, density=False: [
+            x.new_empty((b + 1,)) for b in bins
+        ]
+    ),
+    _aten._histogramdd_from_bin_cts.default: (
+        lambda x, bins, *, range=None, weight=None, density=False: x.new_empty(tuple(bins))
+    ),
+    _aten._histogramdd_from_bin_tensors.default: (
+        lambda x, bins, *, weight=None, density=False: x.new_empty(
+            tuple(b.numel() - 1 for b in bins)
+        )
+    ),
+    _aten.multi_margin_loss.default: _margin_loss(_aten.multi_margin_loss.default),
+    _aten.multilabel_margin_loss_forward.default: _margin_loss(
+        _aten.multilabel_margin_loss_forward.default
+    ),
+}
+
+
+def _meta_arg(v):
+    if isinstance(v, torch.Tensor):
+        return torch.empty(v.shape, dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_meta_arg(x) for x in v)
+    return v
+
+
+def infer(func, key, args, kwargs):
+    """Output (structure, shapes) of ``func`` for inputs like ``args``, from torch's meta
+    kernels; memoized by ``key`` (op, input shapes and dtypes, attributes)."""
+    hit = MEMO.get(key)
+    if hit is not None:
+        return hit
+    meta_kwargs = {k: _meta_arg(v) for k, v in kwargs.items()}
+    if "device" in meta_kwargs:  # a factory: build it on meta, not on the lazy device again
+        meta_kwargs["device"] = "meta"
+    shapes = _NO_META.get(func)
+    if shapes is not None:
+        out = shapes(*_meta_arg(list(args)), **meta_kwargs)
+    else:
+        out = func(*_meta_arg(list(args)), **meta_kwargs)
+    if isinstance(out, torch.Tensor):
+        # The output's dims and torch dtype ride along: tracing's fast path builds the wrapper
+        # from them directly (the keyword arguments of _make_wrapper_subclass, made once).
+        dims = tuple(out.shape)
+        result = ("one", (shape_of(out),), dims, out.dtype, {"dtype": out.dtype, "device": DEVICE})
+    elif isinstance(out, (tuple, list)):
+        layout = tuple(isinstance(o, torch.Tensor) for o in out)
+        result = ("many", tuple(shape_of(o) for o in out if isinstance(o, torch.Tensor)), layout)
+    elif out is None:
+        result = ("none", ())
+    else:
+        raise TypeError(f"{func} returned {type(out).__name__}; expected tensors")
+    MEMO[key] = result
+    return result

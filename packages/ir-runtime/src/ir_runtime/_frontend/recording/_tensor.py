@@ -1,0 +1,168 @@
+"""The lazy tensor: a torch.Tensor subclass whose value is an ir-core Value.
+
+Every ATen op that reaches ``__torch_dispatch__`` is recorded as a node (``_record``, routed by
+``_dispatch``); in-place ops rebind the tensor to the value of their functional form
+(``_views``), so no node is ever mutated. Autograd runs above dispatch, so backward ops are
+recorded the same way.
+
+A tensor's placement is its own, written only by its methods here: ``_spec``, the sharding
+the user annotated, and ``_placed``, where the data it last held lives (``NEVER_HELD`` until it
+holds data). ``_claim`` is the one rule that says where its next result lands.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ir_core import DeviceData, Value
+from ir_runtime._errors import UnsupportedOpError
+from ir_runtime._frontend.recording import _fast
+from ir_runtime._frontend.recording._convert import DEVICE, IR_TO_TORCH, host_numpy, shape_of
+from ir_runtime._graph import REPLICATED
+
+_make = torch.Tensor._make_wrapper_subclass
+_DATA = torch._C.TensorBase.data  # torch's own .data descriptor
+_ref = weakref.ref
+_track = _fast.track
+# Every lazy tensor, in creation order (weak references, out of the cyclic collector's sight:
+# see _fast), so mark_step finds the live ones with pending work in the same order every step:
+# a program's outputs are in that order.
+live = _fast.live
+NEVER_HELD = "never held data"  # _placed of a tensor that has only ever had pending IR
+
+
+class LazyTensor(torch.Tensor):
+    """A tensor on the lazy device: ``_ir`` is its value in the graph being recorded."""
+
+    # Its value lives in a slot: no instance dict is made for it, and reading it is faster.
+    __slots__ = ("_ir",)
+    # Class-level defaults, set on an instance only when they differ (tracing stays cheap).
+    _spec = None  # the sharding the user annotated
+    _placed = NEVER_HELD  # the sharding of the data it last held (None: unsharded)
+    # (base, view op, its other args, kwargs) when it is a view of a lazy tensor; a detached
+    # alias holds a weak reference to its base.
+    _view = None
+    _views = None  # weak references to the views made of it: a write must refresh them
+    # id of the DeviceData it last held (0: none), which a step's result for it may take the
+    # buffer of (_step.Donor): only ever compared with the ids of nodes alive in that step
+    _held = 0
+
+    @staticmethod
+    def __new__(cls, value: Value, requires_grad: bool = False):
+        s = value.shape
+        if requires_grad:
+            t = _make(cls, s.dims, dtype=IR_TO_TORCH[s.dtype], device=DEVICE, requires_grad=True)
+        else:  # tracing's case: one keyword fewer to parse
+            t = _make(cls, s.dims, dtype=IR_TO_TORCH[s.dtype], device=DEVICE)
+        t._ir = value
+        if type(value.node) is DeviceData:
+            t._placed = value.node.sharding
+            t._held = id(value.node)
+        _track(t)
+        return t
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    # A seen op with one output is recorded in C (_fast); the rest comes to _dispatch.
+    __torch_dispatch__ = classmethod(_fast.torch_dispatch)
+
+    @property
+    def data(self):
+        return _DATA.__get__(self)
+
+    @data.setter
+    def data(self, new):
+        """``t.data = other`` (what ``Module.to(dtype)`` does): torch swaps the metadata, and the
+        tensor takes ``other``'s value; a sharding annotation stays when the rank does."""
+        value = as_value(new)  # first: a bad value changes nothing
+        _DATA.__set__(self, new)
+        self._ir = value
+        spec = self._spec
+        if spec is not None and spec.rank not in (None, len(value.shape.dims)):
+            self._spec = None
+        if type(value.node) is DeviceData:
+            self._placed = value.node.sharding
+            self._held = id(value.node)
+
+    def __repr__(self, *, tensor_contents=None):
+        return f"{self.detach().cpu()!r} (on {DEVICE})"
+
+    def __reduce_ex__(self, protocol):
+        return self.detach().cpu().__reduce_ex__(protocol)
+
+    # -- placement: the only writers of _spec and _placed ---------------------------------
+
+    def _bind(self, data: DeviceData) -> None:
+        """The tensor now holds ``data`` (a step's result, or data placed for it)."""
+        self._ir = Value(data)
+        self._placed = data.sharding
+        self._held = id(data)
+
+    def _annotate(self, spec) -> None:
+        """The user's sharding for this tensor (None: none)."""
+        self._spec = spec
+
+    def _where(self):
+        """Where the tensor's data is, or will be: its annotation, else its data's placement
+        (None: unsharded or not held)."""
+        if self._spec is not None:
+            return self._spec
+        return None if self._placed is NEVER_HELD else self._placed
+
+    def _claim(self) -> tuple:
+        """Where the tensor's next result must land, and how strongly it says so (several
+        tensors can hold one value; the strongest claim wins): 3, its annotation; 2, where its
+        sharded data was; 1, replicated over the program's devices (``_graph.REPLICATED``: a
+        tensor that held unsharded data stays replicated when its program runs over a mesh);
+        0, wherever XLA puts it (None)."""
+        if self._spec is not None:
+            return 3, self._spec
+        placed = self._placed
+        if placed is NEVER_HELD:
+            return 0, None
+        if placed is not None:
+            return 2, placed
+        return 1, REPLICATED
+
+
+def wrap(value: Value) -> LazyTensor:
+    return LazyTensor(value)
+
+
+def add_view(base: LazyTensor, view: LazyTensor) -> None:
+    """Remember ``view`` (weakly) among the views of ``base``: a write to one shows in all."""
+    views = base._views
+    if views is None:
+        base._views = [_ref(view)]
+        return
+    views.append(_ref(view))
+    if len(views) >= 16 and not len(views) & (len(views) - 1):  # at powers of two: drop the dead
+        views[:] = [r for r in views if r() is not None]
+
+
+def base_of(link):
+    """A view's base: held weakly by a detached alias (see ``_handlers.same_value``)."""
+    return link() if type(link) is weakref.ref else link
+
+
+def as_value(x) -> Value:
+    """The IR value of an argument: a lazy tensor's value, or a host tensor as a parameter."""
+    if type(x) is LazyTensor or isinstance(x, LazyTensor):  # the first test is the fast one
+        return x._ir
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            raise UnsupportedOpError(f"a meta tensor {x.shape} reached the lazy device")
+        value = Value(DeviceData(shape_of(x), handle=host_numpy(x)))
+        if HOST_READS is not None:
+            base = x._base
+            HOST_READS.append((value.node, (_ref(x), None if base is None else _ref(base))))
+        return value
+    raise TypeError(f"expected a tensor, got {type(x).__name__}")
+
+
+# While a compiled step is traced: the host tensors its program reads, as (data node, (weak
+# reference, one to its base if it is a view)). A replay reads none of them, so it checks that
+# those still alive hold the same.
+HOST_READS: list | None = None

@@ -1,0 +1,1 @@
+"""Steps: ``mark_step``, host reads, compiled steps and generation (see ``_frontend``'s map)."""

@@ -1,0 +1,221 @@
+"""``compile_step``: a training step traced like any other, then replayed without its Python.
+
+This module decides when to trace and when to replay; ``_trace`` traces one call into a plan,
+``_plan`` replays it, ``_guards`` holds the checks a replay makes first.
+
+Tracing a step runs torch's dispatcher, autograd engine and optimizer for every op, every step:
+on a small model that costs more than the program it records. A compiled step is traced on its
+first calls exactly as ``mark_step`` would run it; once two consecutive calls record the same
+program, read the same tensors and bind their results to the same tensors, later calls skip the
+function and run the compiled program on the tensors' current data, as ``jax.jit`` does.
+
+What a replay checks before it runs (and traces again when any differs): the argument key (the
+arguments' shapes, dtypes and structure, Python arguments by value, grad mode) picks the plan
+of one traced call; then that plan's guard table (``_Plan.guards``; the guard kinds are in
+``_guards``), top to bottom: every optimizer the step stepped (hyperparameters, state table,
+parameter lists), every module it called that outlives the call (its ``training`` flag, which
+parameters, buffers and submodules it has, which parameters require grad), whether each tensor
+it gave a new ``.grad`` had one as the call began, that the gradients the program reads are
+still their tensors' ``.grad``, whether the tensors the program reads still require grad, and
+the values of host tensors the program read (or of their view's base); last, as its inputs are
+read, that every tensor it reads still exists and holds data of the shape traced. The first
+check that fails says why in ``CompiledStep.last_guard_failure``. A guard failing call after
+call is named in a ``CaptureWarning`` (and ``replaying`` reads False). A step ending in
+``zero_grad()`` also checks that the ``.grad`` it left None is still None. Anything else the
+function reads from Python (a global, a closure) is frozen at capture, as in ``jax.jit``: pass
+it as an argument. Its Python side effects happen on traced calls only.
+
+A step is never replayed (it stays traced every call, with a ``CaptureWarning`` saying why) when
+its recording shows Python work a replay could not reproduce: it reads values to the host,
+calls ``mark_step``, keeps a tensor it made outside its return value, rebinds a tensor to new
+data without computing it, takes arguments that share data or a lazy argument that requires
+grad, or feeds the program values made in Python that change from call to call (Adam's bias
+corrections, computed from its CPU step count).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from ir_core import DeviceData
+from ir_runtime import _metrics, _profile
+from ir_runtime._frontend.recording._tensor import LazyTensor
+from ir_runtime._frontend.steps import _step
+from ir_runtime._frontend.steps._replay import (
+    _flat,
+    _flatten,
+    _leaf_key,
+    _Miss,
+    _Plan,
+    _unflatten,
+)
+from ir_runtime._frontend.steps._trace import trace
+
+
+class CaptureWarning(UserWarning):
+    """A compiled step cannot be replayed, so every call traces it; the message says why."""
+
+
+_NESTED = (tuple, list, dict)  # arguments _flatten takes apart
+_grad_enabled = torch.is_grad_enabled
+_SIGNATURES = 32  # argument signatures a compiled step keeps plans for
+
+
+def _data_nodes(leaves) -> list:
+    """Each argument's data node (None for a host value), the caller's pending work run first.
+    No local outlives it holding a node: a replay counts who references an argument's data."""
+    nodes = [leaf._ir.node if isinstance(leaf, LazyTensor) else None for leaf in leaves]
+    if any(n is not None and type(n) is not DeviceData for n in nodes):
+        nodes = None
+        _step.mark_step()
+        return _data_nodes(leaves)
+    return nodes
+
+
+class CompiledStep:
+    """A step function traced on its first calls, then replayed (see ``compile_step``).
+
+    ``replaying``: whether the last call's argument signature is replayed (False while its
+    guards keep failing). ``reason``: why the last traced call could not be replayed (None when
+    it could). ``last_guard_failure``: why the
+    most recent replay was refused and the call traced instead, as the first guard of its
+    plan's table that failed says it in a line (``"optimizer SGD's lr changed from 0.1 to
+    0.05"``, ``"module Linear(...) switched to eval()"``); None until a guard fails. Each such
+    failure also counts ``StepGuardFailed`` in ``metrics()``.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._replay: dict = {}  # argument key -> the plan replayed for it
+        self._last: dict = {}  # argument key -> the plan of its last traced call
+        self._warned: set = set()
+        self.reason: str | None = None  # why the last traced call could not be replayed
+        self.last_guard_failure: str | None = None  # why the last replay was refused
+        self._failures: dict = {}  # argument key -> guard failures since its last replay
+        self._key = None  # the last call's argument key
+        functools.update_wrapper(self, fn)
+
+    @property
+    def replaying(self) -> bool:
+        """Whether the last call's argument signature is replayed: it has a plan, and its
+        guards have not failed twice since it last replayed."""
+        key = self._key
+        return key in self._replay and self._failures.get(key, 0) < 2
+
+    def __call__(self, *args, **kwargs):
+        leaves = args
+        if kwargs:
+            leaves = None
+        else:
+            for a in args:
+                if isinstance(a, _NESTED):
+                    leaves = None
+                    break
+        if leaves is None:
+            leaves = []
+            structure = _flatten((args, kwargs), leaves)
+        else:  # the common case: positional tensors and values
+            structure = _flat(len(args))
+        key = (structure, _grad_enabled(), *map(_leaf_key, range(len(leaves)), leaves))
+        self._key = key
+        plan = self._replay.get(key)
+        if plan is not None:
+            if _profile.ACTIVE[0]:
+                with _profile.span("ir_runtime.replay"):
+                    out = plan.replay(leaves, _data_nodes(leaves))
+            else:
+                out = plan.replay(leaves, _data_nodes(leaves))
+            if type(out) is not _Miss:
+                if self._failures:  # (the usual replay has none to forget: no key to hash)
+                    self._failures.pop(key, None)
+                return out
+            self.last_guard_failure = out.why
+            del self._replay[key]
+            self._last.pop(key, None)  # what changed is not a reason to refuse: start afresh
+            _metrics.count("StepGuardFailed")
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            if failures == 2:  # again, right after a trace re-enabled the replay
+                self._warn(
+                    f"a guard fails call after call (the last: {out.why}); make that "
+                    f"value the same on every call, or pass it as an argument",
+                    once="guard",
+                    stacklevel=3,
+                )
+        return self._trace(key, leaves, structure)
+
+    def _trace(self, key, leaves: list, structure):
+        _metrics.count("StepTraced")
+        with _profile.span("ir_runtime.trace"):
+            plan, outputs = trace(self.fn, leaves, structure)
+        self._settle(key, plan)
+        return _unflatten(plan.structure, outputs)  # the lazy ones now hold their results
+
+    def _settle(self, key, plan: _Plan) -> None:
+        last = self._last.pop(key, None)
+        self._last[key] = plan  # the most recent signature last
+        if len(self._last) > _SIGNATURES:
+            stale = next(iter(self._last))
+            del self._last[stale]
+            self._replay.pop(stale, None)
+            self._failures.pop(stale, None)
+            self._warn(
+                f"it was called with more than {_SIGNATURES} argument signatures (shapes, "
+                f"dtypes, Python values; the oldest are dropped): Python numbers among the "
+                f"arguments are part of the key, so pass numbers that change as tensors"
+            )
+        if last is not None and last.same_as(plan):
+            self._replay[key] = plan
+            self.reason = None
+            return
+        if (
+            last is not None
+            and not plan.reasons
+            and last.exe is plan.exe
+            and last.const_bytes != plan.const_bytes
+        ):
+            plan.reasons.append(
+                "values it computes in Python change from call to call (a learning rate set "
+                "every step; Adam's bias corrections from its CPU step count: give torch's "
+                "Adam-family optimizers capturable=True); pass such values as tensors"
+            )
+        if plan.reasons and last is not None and last.reasons:
+            # Refused twice in a row: not the first call's one-time setup (optimizer state).
+            self.reason = plan.reasons[0]
+            self._warn(self.reason)
+
+    def _warn(self, reason: str, once: str | None = None, stacklevel: int = 5) -> None:
+        """A ``CaptureWarning``, once per reason (or per ``once``), pointing at the caller's
+        line."""
+        tag = reason if once is None else once
+        if tag in self._warned:
+            return
+        self._warned.add(tag)
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        warnings.warn(
+            f"compiled step {name} is traced on every call, as mark_step would run it, "
+            f"because {reason}",
+            CaptureWarning,
+            stacklevel=stacklevel,
+        )
+
+
+def compile_step(fn=None):
+    """Compile a training step: ``step = compile_step(fn)``, or ``@compile_step``.
+
+    Each call runs the step and its program, as ``fn(...); mark_step()`` would, and returns
+    ``fn``'s result with lazy tensors detached and holding data. The first calls are traced;
+    once two calls in a row record the same program over the same tensors, later calls with
+    arguments of the same shapes and dtypes replay the program without running ``fn``'s Python
+    (the module docstring lists what a replay checks first, and what is frozen at capture).
+    """
+    if fn is None:
+        return compile_step
+    if not callable(fn):
+        raise TypeError(f"compile_step takes a function, got {type(fn).__name__}")
+    return CompiledStep(fn)
+
+
+__all__ = ["CaptureWarning", "CompiledStep", "compile_step"]

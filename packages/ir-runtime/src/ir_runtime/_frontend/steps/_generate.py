@@ -1,0 +1,107 @@
+"""``generate(model, ...)``: Hugging Face generation with its bookkeeping on the host.
+
+transformers' ``generate`` grows ``input_ids`` and ``attention_mask`` by one column per token.
+On the lazy device each growth is a new shape, so each token would be a new program, even with
+the static KV cache. Here the model's forward runs on the lazy device and everything around it
+runs on the host, as eager: the token ids, the attention mask, the cache positions, the
+logits processors, sampling (torch's own CPU generator: the same draws as eager for the same
+seed) and the stopping criteria. Each forward returns its logits to the host: one read per
+token, whose program holds that token's forward and the KV cache update. With
+``cache_implementation="static"`` every decoding step has the same shapes, so generation of
+any length compiles two programs (the prefill and the decoding step) and then only hits the
+cache. With the default dynamic cache the cache grows, and each token is its own program.
+
+transformers keeps a static cache on the model between calls and zeroes it for the next one.
+On the lazy device that reuse costs two programs more (the zeroing, pending, joins the next
+prefill, and the cache's length is read to the host first): each call here starts a fresh
+cache instead, which the prefill program allocates itself, so later generations of the same
+shapes compile nothing.
+
+Encoder-decoder models (T5) build their decoder's attention mask, when none is given, as ones
+of the length so far: one more column each token, a new program each token even with the static
+cache. Here, with a static cache, each decoding forward is given that mask already at the
+cache's full length, zeros past the tokens so far (positions the causal mask hides anyway), so
+every step has the shapes of the one before: eager's tokens, two programs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ir_runtime._frontend.recording._api import to_lazy
+from ir_runtime._frontend.recording._tensor import LazyTensor
+from ir_runtime._frontend.steps._step import to_torch
+
+
+def _logits_to_host(module, args, kwargs, out):
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, LazyTensor):
+        out.logits = to_torch(logits)
+    return out
+
+
+def _static_length(cache):
+    """The length of a static KV cache (an encoder-decoder's self-attention one), else None."""
+    inner = getattr(cache, "self_attention_cache", cache)
+    get = getattr(inner, "get_max_cache_shape", None)
+    n = get() if get is not None else None
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def _full_decoder_mask(module, args, kwargs):
+    """An encoder-decoder's decoding forward with a static cache: its decoder attention mask
+    at the cache's full length (module docstring)."""
+    if not getattr(module.config, "is_encoder_decoder", False):
+        return None
+    length = _static_length(kwargs.get("past_key_values"))
+    position = kwargs.get("cache_position")
+    ids = kwargs.get("decoder_input_ids")
+    if length is None or not isinstance(position, torch.Tensor) or ids is None:
+        return None
+    if isinstance(position, LazyTensor) or position.numel() == 0:
+        return None
+    mask = kwargs.get("decoder_attention_mask")
+    full = torch.zeros(ids.shape[0], length, dtype=torch.long)
+    if mask is None:
+        full[:, : int(position[-1]) + 1] = 1
+    else:
+        mask = to_torch(mask)
+        full[:, : mask.shape[-1]] = mask
+    kwargs["decoder_attention_mask"] = full
+    return args, kwargs
+
+
+def generate(model, inputs=None, **kwargs):
+    """``model.generate(inputs, **kwargs)`` (a Hugging Face model moved with ``to_lazy``),
+    with the forward on the lazy device and the rest on the host (module docstring).
+
+    Args:
+        model: a transformers ``GenerationMixin`` model on the lazy device.
+        inputs: the prompt's token ids, lazy or host (as ``generate``'s first argument).
+        **kwargs: ``generate``'s own: ``attention_mask``, ``max_new_tokens``, ``do_sample``,
+            ``cache_implementation="static"``, ... (lazy tensors among them are read first).
+
+    Returns:
+        What ``generate`` returns; its token ids lazy when ``inputs`` was lazy, else on the host.
+    """
+    lazy_inputs = isinstance(inputs, LazyTensor) or isinstance(kwargs.get("input_ids"), LazyTensor)
+    kwargs = {k: to_torch(v) for k, v in kwargs.items()}
+    model.__dict__.pop("_cache", None)  # a fresh static cache (module docstring)
+    hook = model.register_forward_hook(_logits_to_host, with_kwargs=True)
+    masks = model.register_forward_pre_hook(_full_decoder_mask, with_kwargs=True)
+    try:
+        with warnings.catch_warnings():
+            # Host token ids beside a lazy model are the point here, not a mistake.
+            warnings.filterwarnings("ignore", message=".*on a device type different than")
+            out = type(model).generate(model, to_torch(inputs), **kwargs)
+    finally:
+        hook.remove()
+        masks.remove()
+    if not lazy_inputs:
+        return out
+    if isinstance(out, torch.Tensor):
+        return to_lazy(out)
+    out.sequences = to_lazy(out.sequences)
+    return out

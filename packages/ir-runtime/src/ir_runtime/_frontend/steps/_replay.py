@@ -1,0 +1,275 @@
+"""A compiled step's plan: one traced call, as a replay runs it again without its Python.
+
+Where each program input comes from (an argument, a tensor's current data, a constant, the
+random key), what each result binds to (a returned tensor, a tensor's new data, a ``.grad``, a
+lazy argument), and the guard table a replay checks first (``_guards``). Also the argument and
+result trees (nested tuples, lists, dicts and named tuples of tensors and values).
+"""
+
+from __future__ import annotations
+
+import functools
+from sys import getrefcount
+
+import jax
+import numpy as np
+import torch
+
+from ir_core import DeviceData, Value
+from ir_runtime import _metrics
+from ir_runtime._data import fetch, put
+from ir_runtime._execute import place
+from ir_runtime._frontend.recording import _rng
+from ir_runtime._frontend.recording._convert import host_numpy
+from ir_runtime._frontend.recording._tensor import LazyTensor
+from ir_runtime._frontend.recording._views import write_through
+from ir_runtime._frontend.steps import _step
+from ir_runtime._frontend.steps._guards import _array_bytes, _tensor_name, first_failure
+
+# ---------------------------------------------------------------------------------------------
+# Arguments and results: nested tuples, lists, dicts and named tuples of tensors and values.
+
+
+def _flatten(x, leaves: list):
+    """Append ``x``'s leaves to ``leaves``; return its structure (hashable)."""
+    t = type(x)
+    if t is tuple or t is list:
+        return (t, tuple(_flatten(v, leaves) for v in x))
+    if t is dict:
+        return (dict, tuple(x), tuple(_flatten(v, leaves) for v in x.values()))
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return (t, tuple(_flatten(v, leaves) for v in x))
+    leaves.append(x)
+    return None
+
+
+@functools.cache
+def _flat(n: int):
+    """``_flatten``'s structure of ``(args, {})`` for ``n`` leaves."""
+    return _flatten(((None,) * n, {}), [])
+
+
+def _unflatten(structure, leaves):
+    if structure is None:  # one leaf (a step's usual return: its loss)
+        return leaves[0]
+    it = iter(leaves)
+
+    def build(s):
+        if s is None:
+            return next(it)
+        kind = s[0]
+        if kind is dict:
+            return {k: build(v) for k, v in zip(s[1], s[2], strict=True)}
+        items = [build(v) for v in s[1]]
+        if kind is tuple or kind is list:
+            return kind(items)
+        return kind(*items)  # a named tuple
+
+    return build(structure)
+
+
+def _leaf_key(k: int, x):
+    if type(x) is LazyTensor:  # the common case first: its value's Shape (dims and dtype)
+        return (True, x._ir.shape, x.requires_grad)
+    if isinstance(x, torch.Tensor):
+        return (type(x) is LazyTensor, tuple(x.shape), x.dtype, x.requires_grad)
+    try:
+        hash(x)
+    except TypeError:
+        raise TypeError(
+            f"argument leaf {k} of a compiled step is a {type(x).__name__}, which is neither a "
+            f"tensor nor hashable; a compiled step's Python arguments are part of its key "
+            f"(pass tensors, numbers, strings, or tuples, lists and dicts of them)"
+        ) from None
+    return (type(x), x)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a replay reads and writes.
+
+_ARG, _STATE, _CONST, _RNG = "arg", "state", "const", "rng"  # where a parameter's data comes from
+_OUT, _GRAD, _DROP = "out", "grad", "drop"  # what a result binds to, besides _STATE, _ARG
+
+
+class _Miss:
+    """A replay's answer when a guard fails: the call is traced instead."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str):
+        self.why = why  # the failed guard's reason, in a line
+
+
+def _value_bytes(h) -> bytes:
+    """A constant's value, to compare two recordings of a step."""
+    return _array_bytes(fetch(h) if isinstance(h, jax.Array) else np.asarray(h))
+
+
+def _unreadable(kind, x, node, shape) -> str:
+    """Why a replay cannot read a program parameter's data from the tensor it comes from."""
+    if kind is _ARG:
+        what = f"argument {x}"
+    else:
+        what = f"{_tensor_name(shape.dims, shape.dtype)} that the step reads"
+    if node is None:
+        return f"{what} was freed (every tensor holding its data)"
+    if type(node) is not DeviceData:
+        return f"{what} holds pending work (it changed since the last mark_step)"
+    return f"{what} holds {node.shape} data, traced as {shape}"
+
+
+class _Plan:
+    """One traced call of a step, as a replay would run it."""
+
+    def __init__(self):
+        self.reasons: list[str] = []
+        self.exe = None
+        # Per program parameter: (kind, tensor refs / argument index / array / None).
+        self.sources: list = []
+        self.shapes: list = []  # per parameter: the data's Shape
+        self.const_bytes: list = []  # per _CONST parameter: its value
+        self.bindings: list = []  # (kind, tensor ref / arg or output index, root index)
+        self.structure = None  # the return value's structure
+        self.statics: list = []  # the return value's leaves; None where a tensor goes
+        self.guards: tuple = ()  # what a replay checks first, top to bottom (see _guards)
+        self.checks: tuple = ()  # the same, as a replay runs it: as_runs(guards)
+        # sources and bindings zipped with what the executable says of each, on first replay
+        self._reads: tuple | None = None
+        self._writes: tuple | None = None
+
+    def same_as(self, other: _Plan) -> bool:
+        """Whether two traced calls did the same thing: the condition for replaying."""
+        if self.reasons or other.reasons or self.exe is not other.exe:
+            return False
+        if self.structure != other.structure or self.statics != other.statics:
+            return False
+        if self.const_bytes != other.const_bytes or len(self.sources) != len(other.sources):
+            return False
+        for (k1, x1), (k2, x2) in zip(self.sources, other.sources, strict=True):
+            if (
+                k1 != k2
+                or (k1 == _STATE and _alive(x1) is not _alive(x2))
+                or (k1 == _ARG and x1 != x2)
+            ):
+                return False
+        if len(self.bindings) != len(other.bindings):
+            return False
+        for (k1, x1, r1), (k2, x2, r2) in zip(self.bindings, other.bindings, strict=True):
+            if k1 != k2 or r1 != r2:
+                return False
+            if (k1 == _STATE or k1 == _GRAD) and x1() is not x2():
+                return False
+            if (k1 == _ARG or k1 == _OUT) and x1 != x2:
+                return False
+        return True
+
+    def replay(self, leaves: list, replayable_args: list):
+        """Run the step on the current data, or a ``_Miss`` when a guard says to trace it."""
+        for all_hold, packed, guards in self.checks:
+            if not all_hold(packed):
+                return _Miss(first_failure(guards))
+        arrays = self._inputs(leaves, replayable_args)
+        if type(arrays) is _Miss:
+            return arrays
+        exe = self.exe
+        raw = exe.run(arrays)
+        writes = self._writes
+        if writes is None:
+            writes = self._writes = tuple(
+                (kind, x, exe.out_shapes[k], exe.out_specs[k], k) for kind, x, k in self.bindings
+            )
+        outputs = list(self.statics)
+        for kind, x, shape, spec, k in writes:
+            data = DeviceData(shape, raw[k], spec)  # as exe.results makes it, for the bound only
+            if kind is _OUT:
+                outputs[x] = LazyTensor(Value(data))
+            elif kind is _STATE:
+                t = x()
+                if t is not None:
+                    t._bind(data)
+                    if t._views:  # views taken outside the step follow it, as in eager
+                        write_through(t)
+            elif kind is _GRAD:
+                t = x()
+                if t is not None:
+                    t.grad = LazyTensor(Value(data))
+            elif kind is _ARG:  # the caller's lazy tensor, written by the step
+                leaves[x]._bind(data)
+                if leaves[x]._views:
+                    write_through(leaves[x])
+        _rng.next_step()
+        _metrics.count("StepReplay")
+        return _unflatten(self.structure, outputs)
+
+    def _inputs(self, leaves: list, replayable_args: list):
+        """The program's arguments, from the current data of the tensors it reads; a ``_Miss``
+        when one of them is gone or holds no data of the shape traced (the last guard)."""
+        arrays = []
+        rng = None
+        reads = self._reads
+        if reads is None:
+            donated = set(self.exe.donate)
+            reads = self._reads = tuple(
+                (kind, x, shape, sharding, k in donated)
+                for k, ((kind, x), shape, sharding) in enumerate(
+                    zip(self.sources, self.shapes, self.exe.in_shardings, strict=True)
+                )
+            )
+        copies = None
+        for kind, x, shape, sharding, donated in reads:
+            if kind is _CONST:
+                arrays.append(x)
+                continue
+            if kind is _STATE:
+                t = _alive(x)
+                if t is None:
+                    return _Miss(_unreadable(kind, x, None, shape))
+                shared = donated and not _sole(t, 0)
+                node = t._ir.node
+            elif kind is _ARG:
+                leaf = leaves[x]
+                if replayable_args[x] is None:  # a host tensor: placed straight from its memory
+                    _metrics.count("TransferToDevice")
+                    arrays.append(put(host_numpy(leaf), sharding))
+                    continue
+                shared = donated and not _sole(leaf, 1)  # (replayable_args holds its node)
+                node = replayable_args[x]
+            else:  # _RNG: drawn last, once nothing can send the call back to tracing
+                rng = len(arrays)
+                arrays.append(sharding)
+                continue
+            if type(node) is not DeviceData or node.shape != shape:
+                return _Miss(_unreadable(kind, x, node, shape))
+            if shared:  # donated, yet still read elsewhere: the program takes a copy
+                if copies is None:
+                    copies = []
+                copies.append(len(arrays))
+            arrays.append(place(node, sharding))
+        for k in copies or ():
+            _metrics.count("DonationCopies")
+            arrays[k] = jax.device_put(arrays[k], may_alias=False)
+        if rng is not None:
+            arrays[rng] = place(_rng._key()[0].node, arrays[rng])
+        return arrays
+
+
+def _sole(t: LazyTensor, extra: int) -> bool:
+    """Whether ``t`` alone holds its data, so a program may take its buffer over: nothing else
+    references its value, that value's node or the node's array (a detached copy, a view, a
+    pending op reading it, an array handed out). ``extra``: references to the node that the
+    caller holds itself."""
+    v = t._ir
+    # getrefcount counts its own argument and this frame's local, besides the holder's.
+    if getrefcount(v) != 3:
+        return False
+    n = v.node
+    return type(n) is DeviceData and getrefcount(n) == 3 + extra and _step.private(n)
+
+
+def _alive(refs):
+    """The first of ``refs`` (weak references) whose tensor is alive, or None."""
+    for r in refs:
+        t = r()
+        if t is not None:
+            return t
+    return None
