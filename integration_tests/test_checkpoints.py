@@ -168,21 +168,135 @@ def test_a_mismatch_is_named_and_nothing_changes(tmp_path):
         ValueError,
         match=r"'model' '3.weight': the checkpoint holds \[8, 32\] float32, "
         r"the target \[4, 32\] float32",
-    ):
+    ) as e:
         ckpt.restore(1, {"model": other})
+    assert type(e.value) is irt.CheckpointMismatchError
+    assert isinstance(e.value, irt.CheckpointError)
     for k, v in other.state_dict().items():
         assert torch.equal(irt.to_torch(v), before[k])
     with pytest.raises(
         FileNotFoundError, match=r"no checkpoint of step 5 .* the complete ones are \[1\]"
-    ):
+    ) as e:
         ckpt.restore(5, {"model": m})
-    with pytest.raises(KeyError, match=r"the checkpoint has no optimizer 'optim'"):
+    assert type(e.value) is irt.CheckpointNotFoundError
+    with pytest.raises(KeyError, match=r"the checkpoint has no optimizer 'optim'") as e:
         ckpt.restore(1, {"model": m, "optim": opt})
-    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint"):
+    assert type(e.value) is irt.CheckpointKeyError
+    # The message as written (a KeyError's str() would quote it), the saved names listed.
+    assert str(e.value) == "the checkpoint has no optimizer 'optim'; it has []"
+    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint") as e:
         irt.CheckpointManager(tmp_path / "empty").restore(None, {"model": m})
-    with pytest.raises(TypeError, match=r"'loader' is a object"):
+    assert type(e.value) is irt.CheckpointNotFoundError
+    with pytest.raises(TypeError, match=r"'loader' is a object") as e:
         ckpt.save(2, {"loader": object()})
+    assert type(e.value) is irt.CheckpointStateError
     assert ckpt.all_steps() == [1]
+
+
+def test_bad_input_raises_the_checkpoint_error_for_it(tmp_path):
+    """Each is a CheckpointError and the builtin it was before, and changes nothing."""
+    m = placed("fsdp-4x2")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    train(m, opt, 0)
+    cases = [  # (call, class, builtin, message)
+        (
+            lambda: irt.CheckpointManager(tmp_path, save_interval=0),
+            irt.CheckpointArgumentError,
+            ValueError,
+            r"save_interval must be a positive int, got 0",
+        ),
+        (
+            lambda: irt.CheckpointManager(tmp_path, max_to_keep=True),
+            irt.CheckpointArgumentError,
+            ValueError,
+            r"max_to_keep must be None or a positive int, got True",
+        ),
+    ]
+    (tmp_path / "a-file").write_text("")
+    cases.append(
+        (
+            lambda: irt.CheckpointManager(tmp_path / "a-file"),
+            irt.CheckpointDirectoryError,
+            NotADirectoryError,
+            r"checkpoint directory .*a-file is a file: pass a directory",
+        )
+    )
+    ckpt = irt.CheckpointManager(tmp_path / "ckpt")
+    ckpt.save(1, {"model": m, "optim": opt, "epoch": 3})
+    torch.manual_seed(0)
+    other = irt.to_lazy(model(seed=3))
+    two_groups = torch.optim.SGD(
+        [{"params": list(other.parameters())[:2]}, {"params": list(other.parameters())[2:]}],
+        lr=0.1,
+    )
+    before = {k: irt.to_torch(v).clone() for k, v in other.state_dict().items()}
+    cases += [
+        (
+            lambda: ckpt.save(-1, {"model": m}),
+            irt.CheckpointArgumentError,
+            ValueError,
+            r"a checkpoint step is a non-negative int, got -1",
+        ),
+        (
+            lambda: ckpt.save(1, {"model": m}),
+            irt.CheckpointExistsError,
+            ValueError,
+            r"step 1 is already saved in .*: a step is saved once",
+        ),
+        (
+            lambda: ckpt.save(2, [m]),
+            irt.CheckpointStateError,
+            TypeError,
+            r"a checkpoint state is a dict of str names to its parts, got a list",
+        ),
+        (
+            lambda: ckpt.save(2, {"model": m, 3: opt}),
+            irt.CheckpointStateError,
+            TypeError,
+            r"a checkpoint state is a dict of str names to its parts, got the name 3",
+        ),
+        (
+            lambda: ckpt.save(2, {"data": {1: 2}}),
+            irt.CheckpointStateError,
+            TypeError,
+            r"checkpoint state 'data': dict keys must be str, got 1",
+        ),
+        (
+            lambda: ckpt.restore(1, {"model": other, "seen": 0}),
+            irt.CheckpointKeyError,
+            KeyError,
+            r"the checkpoint has no 'seen'; it has \['epoch'\]",
+        ),
+        (
+            lambda: ckpt.restore(1, {"net": other}),
+            irt.CheckpointKeyError,
+            KeyError,
+            r"the checkpoint has no 'net'; it has \[.*'model'",
+        ),
+        (
+            lambda: ckpt.restore(1, {"model": torch.nn.Sequential(other, torch.nn.Linear(1, 1))}),
+            irt.CheckpointKeyError,
+            KeyError,
+            r"'model': the checkpoint lacks '0.0.weight' \(and \d+ more\); a restore takes "
+            r"the keys the checkpoint was saved with",
+        ),
+        (
+            lambda: ckpt.restore(1, {"model": other, "optim": two_groups}),
+            irt.CheckpointMismatchError,
+            ValueError,
+            r"optimizer 'optim': the checkpoint's parameter groups hold \[4\] parameters, "
+            r"this optimizer's \[2, 2\]",
+        ),
+    ]
+    for call, cls, builtin, message in cases:
+        with pytest.raises(cls, match=message) as e:
+            call()
+        assert type(e.value) is cls and isinstance(e.value, builtin), (cls, e.value)
+        assert isinstance(e.value, irt.CheckpointError) and isinstance(e.value, irt.RuntimeIRError)
+        assert not isinstance(e.value, irt.RecomputeError)
+    assert ckpt.all_steps() == [1]
+    for k, v in other.state_dict().items():
+        assert torch.equal(irt.to_torch(v), before[k])
 
 
 def test_consolidated_state_dict_is_an_ordinary_cpu_state_dict():
@@ -296,8 +410,10 @@ def test_a_corrupt_checkpoint_is_a_clear_error(tmp_path):
                 f.write(b"garbage")
     other = placed("fsdp-4x2", seed=2)
     before = irt.to_torch(other[0].weight).clone()
-    with pytest.raises(ValueError, match=r"checkpoint 1 in .* cannot be read"):
+    with pytest.raises(ValueError, match=r"checkpoint 1 in .* cannot be read") as e:
         irt.CheckpointManager(tmp_path).restore(1, {"model": other})
+    assert type(e.value) is irt.CheckpointReadError
+    assert isinstance(e.value, irt.CheckpointError)
     assert torch.equal(irt.to_torch(other[0].weight), before)
 
 

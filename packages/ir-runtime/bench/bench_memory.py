@@ -44,9 +44,9 @@ from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from ir_runtime._cache import memory_of  # noqa: E402
+from ir_runtime import _donation  # noqa: E402
+from ir_runtime._executable import memory_of  # noqa: E402
 from ir_runtime._frontend import inspect  # noqa: E402
-from ir_runtime._frontend.steps import _step  # noqa: E402
 from ir_sharding import ShardingSpec  # noqa: E402
 
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
@@ -139,7 +139,7 @@ def ours(config, ids, labels, donate: bool):
     lids, llabels = irt.to_lazy(ids), irt.to_lazy(labels)
     irt.mark_sharding(lids, MESH, ("data", None))
     irt.mark_sharding(llabels, MESH, ("data", None))
-    _step.DONATE[0] = donate
+    _donation.ENABLED[0] = donate
     try:
         for _ in range(2):
             loss_of(model, lids, llabels).backward()
@@ -151,7 +151,7 @@ def ours(config, ids, labels, donate: bool):
         state = sum(p.numel() * 4 * 3 for p in model.parameters())
         return exe.memory(), len(exe.donate), state
     finally:
-        _step.DONATE[0] = True
+        _donation.ENABLED[0] = True
 
 
 def jax_step(config, ids, labels):

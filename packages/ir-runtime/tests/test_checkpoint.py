@@ -142,7 +142,33 @@ def test_a_host_read_inside_is_refused_and_nothing_is_lost(reentrant):
     x = irt.to_lazy(batch()).requires_grad_()
     with pytest.raises(irt.CheckpointError, match=r"reads a lazy tensor's value to the host"):
         checkpoint.checkpoint(reads, x, use_reentrant=reentrant)
+    with pytest.raises(irt.RecomputeError, match=r"checkpointed function .*reads") as e:
+        checkpoint.checkpoint(reads, x, use_reentrant=reentrant)
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value, irt.RuntimeIRError)
     np.testing.assert_array_equal(irt.to_torch(lazy.weight).numpy(), before.numpy())
     lazy(x).sum().backward()  # the model still trains
     irt.mark_step()
     assert lazy.weight.grad is not None
+
+
+def test_a_recompute_error_is_still_caught_as_the_checkpoint_error_it_was():
+    """Old ``except CheckpointError`` clauses around activation recompute keep working; the
+    CheckpointManager errors are not recompute errors."""
+    lazy = irt.to_lazy(torch.nn.Linear(32, 32))
+    x = irt.to_lazy(batch()).requires_grad_()
+
+    def reads(x):
+        h = lazy(x)
+        h.sum().item()  # a host read
+        return h
+
+    caught = None
+    try:
+        checkpoint.checkpoint(reads, x, use_reentrant=False)
+    except irt.CheckpointError as e:
+        caught = e
+    assert type(caught) is irt.RecomputeError
+    assert issubclass(irt.RecomputeError, irt.CheckpointError)
+    assert not issubclass(irt.CheckpointKeyError, irt.RecomputeError)
+    assert not issubclass(irt.CheckpointMismatchError, RuntimeError)
+    irt.mark_step()

@@ -16,23 +16,33 @@ compile.
 
 import importlib
 
-from ir_runtime._cache import CACHE, Executable, compile
+from ir_runtime._cache import CACHE, compile
 from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import GatherWarning, to_device, to_host
 from ir_runtime._debug import set_debug
 from ir_runtime._devices import devices, init
 from ir_runtime._distributed import process_count, process_index
 from ir_runtime._errors import (
+    CheckpointArgumentError,
+    CheckpointDirectoryError,
     CheckpointError,
+    CheckpointExistsError,
+    CheckpointKeyError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    CheckpointReadError,
+    CheckpointStateError,
     CompileError,
     DeviceCountError,
     DistributedError,
     DTypeError,
     ExecutionError,
     LoweringError,
+    RecomputeError,
     RuntimeIRError,
     UnsupportedOpError,
 )
+from ir_runtime._executable import Executable
 from ir_runtime._execute import execute
 from ir_runtime._lower import lower
 from ir_runtime._lowering import RULES, register
@@ -104,8 +114,16 @@ def supported_ops() -> list[str]:
 __all__ = [
     "CACHE",
     "CaptureWarning",
+    "CheckpointArgumentError",
+    "CheckpointDirectoryError",
     "CheckpointError",
+    "CheckpointExistsError",
+    "CheckpointKeyError",
     "CheckpointManager",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
+    "CheckpointReadError",
+    "CheckpointStateError",
     "CompileError",
     "CompiledStep",
     "DTypeError",
@@ -117,6 +135,7 @@ __all__ = [
     "LazyTensor",
     "LoweringError",
     "Mesh",
+    "RecomputeError",
     "RuntimeIRError",
     "ShardedLoader",
     "UnsupportedOpError",

@@ -127,7 +127,7 @@ def device_data(a: np.ndarray, sharding=None) -> DeviceData:
     shape = Shape(name_of(a.dtype), a.shape)
     if sharding is not None:
         sharding.check_rank(a.ndim, f"the array {shape}")
-    program = Program.of((), None if sharding is None else sharding.mesh)
+    program = Program.of(None if sharding is None else sharding.mesh)
     _metrics.count("TransferToDevice")
     return DeviceData(shape, handle=put(a, program.jax_sharding(sharding)), sharding=sharding)
 

@@ -33,5 +33,64 @@ class DistributedError(RuntimeIRError, RuntimeError):
     """Bad arguments for a run across processes, or joining one at the wrong time."""
 
 
-class CheckpointError(RuntimeIRError, RuntimeError):
-    """A checkpointed function the lazy device cannot recompute as it ran (a host read)."""
+class CheckpointError(RuntimeIRError):
+    """Base class of ``CheckpointManager``'s errors (sharded checkpoints saved with orbax).
+
+    Each subclass is also the builtin exception that site raised before this family existed,
+    so an ``except KeyError`` (``ValueError``, ``TypeError``, ``FileNotFoundError``, ...)
+    written against those still catches it. ``RecomputeError`` is a subclass too, for the
+    code that caught activation recompute's errors as ``CheckpointError`` (its docstring).
+    """
+
+
+class CheckpointArgumentError(CheckpointError, ValueError):
+    """A bad ``CheckpointManager`` argument: a ``save_interval`` or ``max_to_keep`` that is not
+    a positive int, a step that is not a non-negative int."""
+
+
+class CheckpointDirectoryError(CheckpointError, NotADirectoryError):
+    """A checkpoint directory that is a file."""
+
+
+class CheckpointExistsError(CheckpointError, ValueError):
+    """A save of a step that the directory already holds a checkpoint of."""
+
+
+class CheckpointStateError(CheckpointError, TypeError):
+    """A state to save that is not a dict of str names to modules, optimizers, tensors and
+    plain values (None, bool, int, float, str, lists, tuples, dicts with str keys)."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A restore of a step the directory holds no complete checkpoint of (or of the latest
+    step, where it holds none)."""
+
+
+class CheckpointKeyError(CheckpointError, KeyError):
+    """A restore whose names or keys differ from the checkpoint's: a part of the state, an
+    optimizer or a ``state_dict`` key on one side only."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)  # the message as written, not quoted as KeyError's
+
+
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """A restore into something the checkpoint does not fit: a tensor of another shape or
+    dtype, an optimizer with other parameter groups."""
+
+
+class CheckpointReadError(CheckpointError, ValueError):
+    """A checkpoint orbax cannot read (a file damaged or missing)."""
+
+
+class RecomputeError(CheckpointError, RuntimeError):
+    """A checkpointed function (``torch.utils.checkpoint``, activation recompute) the lazy
+    device cannot recompute as it ran: it reads a lazy tensor's value to the host.
+
+    A subclass of ``CheckpointError`` only for compatibility: this error was a
+    ``CheckpointError`` before ``CheckpointManager``'s errors took that name, and Python's
+    ``except`` matches by subclass alone, so this is the one way an ``except CheckpointError``
+    around activation recompute keeps catching it. Catch ``RecomputeError`` in new code; an
+    ``except CheckpointError`` meant for ``CheckpointManager`` alone sees it only when a
+    recompute fails inside the same ``try``. Also a ``RuntimeError``, as before.
+    """

@@ -29,7 +29,8 @@ def roots_of(roots) -> list:
 
 
 def _pins(pins, roots):
-    """``execute``'s ``out_shardings``: None, or one ShardingSpec (or None) per root."""
+    """``execute``'s ``out_shardings``, checked: None, or one ShardingSpec (or None, or
+    ``REPLICATED``) per root."""
     if pins is None:
         return None
     pins = tuple(pins)
@@ -45,50 +46,72 @@ def _pins(pins, roots):
 
 
 class Graph:
-    """One graph prepared for lowering: its post-order, parameters and program devices.
+    """One graph prepared for lowering, resolved in one walk and read by everything downstream
+    (the cache's key, donation's pairing, lowering, the executable):
 
-    Finding a cached program needs only the device ids; the full ``Program`` (which checks every
-    sharding) is built on a miss, when the graph is compiled."""
+    - ``order``: its nodes in post-order; ``params``: its ``DeviceData`` leaves, in that order;
+    - ``mesh`` and ``device_ids``: where the program runs (the mesh of the first pin, else of
+      the first annotated node; none: the default device);
+    - ``out_specs``: where each root's result lands: the root's own annotation, else its pin
+      (``execute``'s ``out_shardings``, the front end's claims; ``REPLICATED`` resolved over
+      the mesh), else None (XLA chooses).
+
+    Finding a cached program needs only these; the ``Program`` (which checks that every
+    sharding is over the same devices) is built on a miss, when the graph is compiled."""
 
     def __init__(self, roots, pins=None):
-        self.roots = roots_of(roots)
-        self.pins = _pins(pins, self.roots)
-        self.order = post_order(self.roots)
+        self.roots = roots = roots_of(roots)
+        pins = _pins(pins, roots)
+        self.order = post_order(roots)
         self.params = [n for n in self.order if type(n) is DeviceData]
         self._program = None
-        self.mesh = None
-        self.device_ids = DEFAULT_DEVICES
-        for spec in self.pins or ():
+        mesh = None
+        for spec in pins or ():
             if spec is not None and spec is not REPLICATED:
-                self.mesh, self.device_ids = spec.mesh, spec.mesh.device_ids
+                mesh = spec.mesh
                 break
-        for n in self.order if self.mesh is None else ():
-            specs = specs_of(n.sharding)
-            if specs:
-                self.mesh, self.device_ids = specs[0].mesh, specs[0].mesh.device_ids
+        for n in self.order if mesh is None else ():
+            if n.sharding is not None:
+                mesh = specs_of(n.sharding)[0].mesh
                 break
-        if self.pins is not None and any(p is REPLICATED for p in self.pins):
-            everywhere = None if self.mesh is None else ShardingSpec.replicated(self.mesh)
-            self.pins = tuple(everywhere if p is REPLICATED else p for p in self.pins)
+        self.mesh = mesh
+        self.device_ids = DEFAULT_DEVICES if mesh is None else mesh.device_ids
+        if pins is None:
+            self.out_specs = tuple(spec_at(r.node.sharding, r.index) for r in roots)
+            return
+        out = []
+        for r, pin in zip(roots, pins, strict=True):
+            spec = spec_at(r.node.sharding, r.index)
+            if spec is None and pin is not None:
+                if pin is not REPLICATED:
+                    spec = pin
+                elif mesh is not None:
+                    spec = ShardingSpec.replicated(mesh)
+            out.append(spec)
+        self.out_specs = tuple(out)
 
     @property
     def program(self) -> Program:
         if self._program is None:
-            self._program = Program.of(self.order, self.mesh)
+            ids = None if self.mesh is None else set(self.mesh.device_ids)
+            for n in self.order:
+                for spec in specs_of(n.sharding):
+                    if set(spec.mesh.device_ids) != ids:
+                        raise LoweringError(
+                            f"one graph uses two device sets: {sorted(ids)} and "
+                            f"{sorted(spec.mesh.device_ids)} (from {n!r}); every sharding in "
+                            f"a program must be over the same devices"
+                        )
+            self._program = Program.of(self.mesh)
         return self._program
 
     def in_shardings(self):
         return [self.program.jax_sharding(spec_at(p.sharding, 0)) for p in self.params]
 
     def out_shardings(self):
-        # A pin given to execute, else the root's own annotation; None lets XLA choose.
-        outs = []
-        for k, r in enumerate(self.roots):
-            spec = self.pins[k] if self.pins else None
-            if spec is None:
-                spec = spec_at(r.node.sharding, r.index)
-            outs.append(None if spec is None else self.program.jax_sharding(spec))
-        return outs
+        """``out_specs`` as jax shardings (None: XLA chooses)."""
+        program = self.program
+        return [None if s is None else program.jax_sharding(s) for s in self.out_specs]
 
     def abstract_params(self):
         shardings = self.in_shardings()

@@ -44,20 +44,8 @@ class Program:
     """
 
     @staticmethod
-    def of(nodes, mesh):
-        """The Program over ``mesh`` (None: no sharding), after checking that every sharding
-        in ``nodes`` is over the same devices."""
-        ids = None if mesh is None else set(mesh.device_ids)
-        for n in nodes:
-            for spec in specs_of(n.sharding):
-                if ids is None:
-                    ids = set(spec.mesh.device_ids)
-                elif set(spec.mesh.device_ids) != ids:
-                    raise LoweringError(
-                        f"one graph uses two device sets: {sorted(ids)} and "
-                        f"{sorted(spec.mesh.device_ids)} (from {n!r}); every sharding in a "
-                        f"program must be over the same devices"
-                    )
+    def of(mesh):
+        """The Program over ``mesh`` (None: no sharding), made once per mesh."""
         program = _PROGRAMS.get(mesh)
         if program is None:
             program = _PROGRAMS[mesh] = Program(mesh)

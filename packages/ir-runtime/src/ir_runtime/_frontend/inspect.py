@@ -7,7 +7,7 @@ keep their meaning. They read; none of them changes a tensor, a graph or a cache
 from __future__ import annotations
 
 from ir_core import DeviceData
-from ir_runtime._cache import LAST_RUN
+from ir_runtime._executable import LAST_RUN
 from ir_runtime._frontend.recording import _dispatch, _fast, _record
 from ir_runtime._frontend.recording._tensor import LazyTensor
 

@@ -31,6 +31,16 @@ import torch
 
 from ir_core import DeviceData, Shape, Value
 from ir_runtime._dtypes import name_of
+from ir_runtime._errors import (
+    CheckpointArgumentError,
+    CheckpointDirectoryError,
+    CheckpointExistsError,
+    CheckpointKeyError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    CheckpointReadError,
+    CheckpointStateError,
+)
 from ir_runtime._frontend.recording import _rng
 from ir_runtime._frontend.recording._convert import host_numpy, host_tensor, ir_dtype
 from ir_runtime._frontend.recording._tensor import LazyTensor, live
@@ -65,10 +75,12 @@ def _plain(value, where: str):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"checkpoint state {where}: dict keys must be str, got {k!r}")
+                raise CheckpointStateError(
+                    f"checkpoint state {where}: dict keys must be str, got {k!r}"
+                )
             out[k] = _plain(v, f"{where}[{k!r}]")
         return out
-    raise TypeError(
+    raise CheckpointStateError(
         f"checkpoint state {where} is a {type(value).__name__}: a state holds modules, "
         f"optimizers, tensors and plain values (None, bool, int, float, str, lists, tuples, "
         f"dicts)"
@@ -149,7 +161,7 @@ def _rebind(t: LazyTensor, array) -> None:
     if isinstance(array, jax.Array):
         t._bind(value.node)
     else:
-        t._ir = value  # host data, as to_lazy leaves it: the next program places it
+        t._set(value)  # host data, as to_lazy leaves it: the next program places it
     if t._views:
         write_through(t)
 
@@ -176,15 +188,22 @@ class CheckpointManager:
             or not isinstance(save_interval, int)
             or save_interval < 1
         ):
-            raise ValueError(f"save_interval must be a positive int, got {save_interval!r}")
+            raise CheckpointArgumentError(
+                f"save_interval must be a positive int, got {save_interval!r}"
+            )
         if max_to_keep is not None and (
             isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
         ):
-            raise ValueError(f"max_to_keep must be None or a positive int, got {max_to_keep!r}")
+            raise CheckpointArgumentError(
+                f"max_to_keep must be None or a positive int, got {max_to_keep!r}"
+            )
         ocp = _orbax()
         self.directory = os.path.abspath(os.fspath(directory))
         if os.path.exists(self.directory) and not os.path.isdir(self.directory):
-            raise NotADirectoryError(f"checkpoint directory {self.directory} is a file")
+            raise CheckpointDirectoryError(
+                f"checkpoint directory {self.directory} is a file: pass a directory, or a path "
+                f"that does not exist yet (it is created)"
+            )
         self.save_interval = save_interval
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
@@ -223,11 +242,14 @@ class CheckpointManager:
         device data is copied out, so training can go on; a save still running is waited for
         first. False when the interval skips this step."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"a checkpoint step is a non-negative int, got {step!r}")
+            raise CheckpointArgumentError(f"a checkpoint step is a non-negative int, got {step!r}")
         if not force and step % self.save_interval:
             return False
         if step in self.all_steps():
-            raise ValueError(f"step {step} is already saved in {self.directory}")
+            raise CheckpointExistsError(
+                f"step {step} is already saved in {self.directory}: a step is saved once; save "
+                f"this one under another step"
+            )
         arrays, meta = self._snapshot(state)
         ocp = self._ocp
         self._mngr.save(
@@ -248,8 +270,16 @@ class CheckpointManager:
         self._mngr.close()
 
     def _snapshot(self, state):
-        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-            raise TypeError("a checkpoint state is a dict of str names to its parts")
+        if not isinstance(state, dict):
+            raise CheckpointStateError(
+                f"a checkpoint state is a dict of str names to its parts, got a "
+                f"{type(state).__name__}"
+            )
+        for k in state:
+            if not isinstance(k, str):
+                raise CheckpointStateError(
+                    f"a checkpoint state is a dict of str names to its parts, got the name {k!r}"
+                )
         _run_pending()
         arrays, meta = {}, {"plain": {}, "host": [], "optimizers": {}, "rng": _rng_state()}
         for name, part in state.items():
@@ -295,10 +325,13 @@ class CheckpointManager:
         steps = self.all_steps()
         if step is None:
             if not steps:
-                raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+                raise CheckpointNotFoundError(
+                    f"no complete checkpoint in {self.directory}; restore(None, ...) takes the "
+                    f"latest, and there is none"
+                )
             step = steps[-1]
         if step not in steps:
-            raise FileNotFoundError(
+            raise CheckpointNotFoundError(
                 f"no checkpoint of step {step} in {self.directory}; the complete ones are {steps}"
             )
         ocp = self._ocp
@@ -308,7 +341,9 @@ class CheckpointManager:
             ]
             saved = self._mngr.item_metadata(step)["arrays"]
         except Exception as e:
-            raise ValueError(f"checkpoint {step} in {self.directory} cannot be read: {e}") from e
+            raise CheckpointReadError(
+                f"checkpoint {step} in {self.directory} cannot be read: {e}"
+            ) from e
         _run_pending()
         targets = self._targets(state, meta)
         abstract = _check(targets, saved, set(meta["host"]))
@@ -317,7 +352,9 @@ class CheckpointManager:
                 step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract))
             )["arrays"]
         except Exception as e:
-            raise ValueError(f"checkpoint {step} in {self.directory} cannot be read: {e}") from e
+            raise CheckpointReadError(
+                f"checkpoint {step} in {self.directory} cannot be read: {e}"
+            ) from e
         for name, part in targets.items():  # everything checked and read: assign
             if isinstance(part, _OptimizerTarget):
                 part.load(restored.get(name, {}), meta)
@@ -328,7 +365,7 @@ class CheckpointManager:
         for name, value in meta["plain"].items():
             if name in state:
                 state[name] = _unplain(value)
-        _set_rng_state(meta["rng"])
+        _restore_rng(meta["rng"])
         return step
 
     def _targets(self, state, meta) -> dict:
@@ -342,27 +379,32 @@ class CheckpointManager:
                     k: _Entry(own.get(k, t)) for k, t in part.state_dict(keep_vars=True).items()
                 }
             elif isinstance(part, torch.optim.Optimizer):
-                out[name] = _OptimizerTarget(part, meta["optimizers"].get(name), name)
+                out[name] = _OptimizerTarget(part, meta["optimizers"], name)
             elif isinstance(part, torch.Tensor):
                 out[name] = {"": _Entry(part)}
             elif name not in meta["plain"]:
-                raise KeyError(f"the checkpoint has no {name!r}; it has {sorted(meta['plain'])}")
+                raise CheckpointKeyError(
+                    f"the checkpoint has no {name!r}; it has {sorted(meta['plain'])}"
+                )
         return out
 
 
 class _OptimizerTarget:
     """An optimizer's part of a restore: its state's entries are placed like their parameters."""
 
-    def __init__(self, opt, saved, name):
+    def __init__(self, opt, optimizers: dict, name):
+        saved = optimizers.get(name)
         if saved is None:
-            raise KeyError(f"the checkpoint has no optimizer {name!r}")
+            raise CheckpointKeyError(
+                f"the checkpoint has no optimizer {name!r}; it has {sorted(optimizers)}"
+            )
         self.opt, self.saved, self.name = opt, saved, name
         params = [p for g in opt.param_groups for p in g["params"]]
         if len(saved["groups"]) != len(opt.param_groups) or any(
             len(s["params"]) != len(g["params"])
             for s, g in zip(saved["groups"], opt.param_groups, strict=True)
         ):
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"optimizer {name!r}: the checkpoint's parameter groups hold "
                 f"{[len(s['params']) for s in saved['groups']]} parameters, this optimizer's "
                 f"{[len(g['params']) for g in opt.param_groups]}"
@@ -411,7 +453,7 @@ def _check(targets: dict, saved, host: set) -> dict:
             continue
         have = saved.get(name) if hasattr(saved, "get") else None
         if have is None:
-            raise KeyError(f"the checkpoint has no {name!r}; it has {sorted(saved)}")
+            raise CheckpointKeyError(f"the checkpoint has no {name!r}; it has {sorted(saved)}")
         if isinstance(part, _OptimizerTarget):
             abstract[name] = part.abstract(have, host)
             continue
@@ -420,12 +462,15 @@ def _check(targets: dict, saved, host: set) -> dict:
         if missing or extra:
             first = (missing or extra)[0]
             side = "the checkpoint lacks" if missing else "the target lacks"
-            raise KeyError(f"{name!r}: {side} {first!r} (and {len(missing) + len(extra) - 1} more)")
+            raise CheckpointKeyError(
+                f"{name!r}: {side} {first!r} (and {len(missing) + len(extra) - 1} more); a "
+                f"restore takes the keys the checkpoint was saved with, no more, no fewer"
+            )
         tree = {}
         for k, entry in part.items():
             m = have[k]
             if tuple(m.shape) != entry.shape or str(np.dtype(m.dtype)) != entry.dtype:
-                raise ValueError(
+                raise CheckpointMismatchError(
                     f"{name!r} {k!r}: the checkpoint holds {list(m.shape)} {np.dtype(m.dtype)}, "
                     f"the target {list(entry.shape)} {entry.dtype}"
                 )
@@ -447,19 +492,18 @@ def _run_pending() -> None:
 
 
 def _rng_state() -> dict:
-    _rng.sync()
+    step, offset = _rng.state()
     return {
         "seed": torch.initial_seed(),
-        "step": _rng._state["step"],
-        "offset": _rng._state["offset"],
+        "step": step,
+        "offset": offset,
         "torch": torch.get_rng_state().tolist(),
     }
 
 
-def _set_rng_state(saved: dict) -> None:
+def _restore_rng(saved: dict) -> None:
     torch.set_rng_state(torch.tensor(saved["torch"], dtype=torch.uint8))
-    _rng.sync()
-    _rng._state.update(step=saved["step"], offset=saved["offset"], key=None)
+    _rng.restore(saved["step"], saved["offset"])
 
 
 def consolidated_state_dict(module: torch.nn.Module) -> dict:

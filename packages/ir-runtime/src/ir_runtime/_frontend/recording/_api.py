@@ -86,8 +86,8 @@ def _relink_annotated(t: LazyTensor, spec) -> None:
     roots = [x._ir for x in readers]
     relinked = relink(roots, {node: clone}) if roots else []
     for x, r in zip(readers, relinked, strict=True):
-        x._ir = r
-    t._ir = Value(clone, v.index)
+        x._set(r)
+    t._set(Value(clone, v.index))
 
 
 def from_process_local(local, mesh: Mesh, partition_spec, global_shape=None) -> LazyTensor:

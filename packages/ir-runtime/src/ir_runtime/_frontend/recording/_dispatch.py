@@ -123,7 +123,7 @@ def _inplace(func, args, kwargs):
         # squeeze_, t_, ...: the tensor's own shape changes (torch's matmul of a 1-D operand
         # squeezes its product in place). ``.data``'s setter swaps in the result's metadata.
         _DATA.__set__(self, result)
-        self._ir = result._ir
+        self._set(result._ir)
         return self
     rebind(self, result._ir)
     write_through(self)

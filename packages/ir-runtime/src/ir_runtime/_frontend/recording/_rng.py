@@ -2,9 +2,14 @@
 
 The key is a uint32[2] parameter (the seed and a step counter), so every step runs the same
 program on a new key, and ``torch.manual_seed(s)`` restarts the stream: the same seed gives the
-same numbers (not CPU torch's bits; jax's threefry generator)."""
+same numbers (not CPU torch's bits; jax's threefry generator).
+
+This module owns the stream's state (``_state``); everything else reads and writes it through
+``current_key``, ``draw``, ``state``, ``restore``, ``keyed`` and ``next_step``."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
@@ -47,21 +52,57 @@ def sync() -> None:
         _state.update(seed=seed, seedings=_seedings[0], step=0, offset=0, key=None)
 
 
-def _key() -> tuple[Value, int]:
+def current_key():
+    """The step's key as drawn so far (a ``Value``), or None when nothing in it drew yet."""
+    return _state["key"]
+
+
+def draw() -> tuple[Value, int]:
+    """The step's key and the next offset: what one random op draws from."""
     sync()
-    seed = _state["seed"]
     if _state["key"] is None:
-        data = np.array([seed & 0xFFFFFFFF, _state["step"] & 0xFFFFFFFF], dtype=np.uint32)
+        data = np.array([_state["seed"] & 0xFFFFFFFF, _state["step"] & 0xFFFFFFFF], np.uint32)
         _state["key"] = Value(DeviceData(Shape("uint32", (2,)), handle=data))
     offset = _state["offset"]
     _state["offset"] += 1
     return _state["key"], offset
 
 
+def state() -> tuple[int, int]:
+    """Where the stream is: ``(step, offset of the next random op)``."""
+    sync()
+    return _state["step"], _state["offset"]
+
+
+def restore(step: int, offset: int) -> None:
+    """Put the stream back at ``(step, offset)`` (after ``state``, or from a checkpoint). The
+    key is made from ``(seed, step)``: kept when the step is the same, made again when not."""
+    sync()
+    if step != _state["step"]:
+        _state["key"] = None
+    _state["step"], _state["offset"] = step, offset
+
+
+@contextlib.contextmanager
+def keyed(key):
+    """Random ops inside draw from ``key`` (a region's own, barriered key) instead of the
+    step's; None: the step's, unchanged."""
+    if key is None:
+        yield
+        return
+    saved = _state["key"]
+    _state["key"] = key
+    try:
+        yield
+    finally:
+        if _state["key"] is key:
+            _state["key"] = saved
+
+
 def random(op, shape: Shape, *operands, **attrs) -> LazyTensor:
     """A lazy tensor of ``shape`` drawn by the ``ir::random_*`` op ``op`` from the step's key
     at the next offset."""
-    key, offset = _key()
+    key, offset = draw()
     attrs = {"offset": offset, **attrs}
     return wrap(Value(Generic(op, [key, *operands], [shape], attrs, None, _fast.origin())))
 

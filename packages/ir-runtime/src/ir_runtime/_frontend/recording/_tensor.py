@@ -5,13 +5,17 @@ Every ATen op that reaches ``__torch_dispatch__`` is recorded as a node (``_reco
 (``_views``), so no node is ever mutated. Autograd runs above dispatch, so backward ops are
 recorded the same way.
 
-A tensor's placement is its own, written only by its methods here: ``_spec``, the sharding
-the user annotated, and ``_placed``, where the data it last held lives (``NEVER_HELD`` until it
-holds data). ``_claim`` is the one rule that says where its next result lands.
+A tensor's value and placement are its own, written only by its methods here (``_set``,
+``_bind``, ``_annotate``, the ``data`` setter), which keep them consistent: ``_ir``, its value;
+``_spec``, the sharding the user annotated; ``_placed``, where the data it last held lives
+(``NEVER_HELD`` until it holds data); ``_held``, which data that was. The one exception is the C
+hot path (``_fast.torch_dispatch``), which gives a tensor it has just made its pending value, as
+``__new__`` would. ``_claim`` is the one rule that says where its next result lands.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -78,13 +82,10 @@ class LazyTensor(torch.Tensor):
         tensor takes ``other``'s value; a sharding annotation stays when the rank does."""
         value = as_value(new)  # first: a bad value changes nothing
         _DATA.__set__(self, new)
-        self._ir = value
+        self._set(value)
         spec = self._spec
         if spec is not None and spec.rank not in (None, len(value.shape.dims)):
             self._spec = None
-        if type(value.node) is DeviceData:
-            self._placed = value.node.sharding
-            self._held = id(value.node)
 
     def __repr__(self, *, tensor_contents=None):
         return f"{self.detach().cpu()!r} (on {DEVICE})"
@@ -92,7 +93,18 @@ class LazyTensor(torch.Tensor):
     def __reduce_ex__(self, protocol):
         return self.detach().cpu().__reduce_ex__(protocol)
 
-    # -- placement: the only writers of _spec and _placed ---------------------------------
+    # -- the only writers of _ir, _spec, _placed and _held -----------------------------------
+
+    def _set(self, value: Value) -> None:
+        """The tensor's value is now ``value`` (an op's result written in place, a relinked
+        graph, a restored checkpoint). Data it holds is where it is placed and what a step may
+        donate, so ``_placed`` and ``_held`` follow; a pending value leaves them as they were
+        (where its last data lived, which its result replaces)."""
+        self._ir = value
+        node = value.node
+        if type(node) is DeviceData:
+            self._placed = node.sharding
+            self._held = id(node)
 
     def _bind(self, data: DeviceData) -> None:
         """The tensor now holds ``data`` (a step's result, or data placed for it)."""
@@ -155,14 +167,26 @@ def as_value(x) -> Value:
         if x.device.type == "meta":
             raise UnsupportedOpError(f"a meta tensor {x.shape} reached the lazy device")
         value = Value(DeviceData(shape_of(x), handle=host_numpy(x)))
-        if HOST_READS is not None:
+        if _HOST_READS is not None:
             base = x._base
-            HOST_READS.append((value.node, (_ref(x), None if base is None else _ref(base))))
+            _HOST_READS.append((value.node, (_ref(x), None if base is None else _ref(base))))
         return value
     raise TypeError(f"expected a tensor, got {type(x).__name__}")
 
 
-# While a compiled step is traced: the host tensors its program reads, as (data node, (weak
-# reference, one to its base if it is a view)). A replay reads none of them, so it checks that
-# those still alive hold the same.
-HOST_READS: list | None = None
+# While a compiled step is traced (``host_reads``): the host tensors its program reads.
+_HOST_READS: list | None = None
+
+
+@contextlib.contextmanager
+def host_reads():
+    """A context that collects the host tensors the lazy ops inside read, as ``(data node,
+    (weak reference, one to its base if it is a view))``: a replay of a compiled step reads
+    none of them, so it checks that those still alive hold the same."""
+    global _HOST_READS
+    outer, reads = _HOST_READS, []
+    _HOST_READS = reads
+    try:
+        yield reads
+    finally:
+        _HOST_READS = outer

@@ -25,7 +25,7 @@ def rebind(t: LazyTensor, value: Value) -> None:
         value = record(aten._to_copy.default, (wrap(value),), {"dtype": t.dtype})._ir
     if value.shape.dims != want_dims:
         value = record(aten.expand.default, (wrap(value), list(want_dims)), {})._ir
-    t._ir = value
+    t._set(value)
 
 
 def write_through(t: LazyTensor) -> None:
@@ -73,7 +73,7 @@ def write_through(t: LazyTensor) -> None:
                 f"writing in place through a view made by {func} is not supported on the lazy "
                 f"device; write the base tensor instead (or clone the view first)"
             )
-        base._ir = value._ir
+        base._set(value._ir)
         if len(base._views or ()) > 1:
             _refresh_views(base, written=t)
         t = base
@@ -95,7 +95,7 @@ def _refresh_views(base: LazyTensor, written) -> None:
             if v is written or link is None or base_of(link[0]) is not b:
                 continue
             _, func, rest, kwargs = link
-            v._ir = b._ir if func is None else record(func, (b, *rest), kwargs)._ir
+            v._set(b._ir if func is None else record(func, (b, *rest), kwargs)._ir)
             if v._views:
                 stack.append(v)
         b._views = alive or None

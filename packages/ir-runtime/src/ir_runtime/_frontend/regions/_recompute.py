@@ -18,8 +18,8 @@ by torch's own ``preserve_rng_state`` machinery, through the device module regis
 random op): dropout in the recompute draws the forward's mask.
 
 A checkpointed function that reads a value to the host (``.item()``, ``.cpu()``, a Python
-``if`` on a tensor) is refused: the recompute would read it again in the backward pass, in the
-middle of the step.
+``if`` on a tensor) is refused (``RecomputeError``): the recompute would read it again in the
+backward pass, in the middle of the step.
 
 ``install()`` registers ``torch.lazy`` and wraps the two places torch's ``checkpoint`` looks up
 at call time (``CheckpointFunction`` and ``_checkpoint_without_reentrant_generator``), so code
@@ -36,7 +36,7 @@ import torch
 import torch.utils.checkpoint as _torch_checkpoint
 
 from ir_core import Generic, Value
-from ir_runtime._errors import CheckpointError
+from ir_runtime._errors import RecomputeError
 from ir_runtime._frontend.recording import _rng
 from ir_runtime._frontend.recording._convert import DEVICE
 from ir_runtime._frontend.recording._fast import live_references
@@ -81,7 +81,7 @@ def _through_barrier(args, kwargs, after=()):
     computed): new args and kwargs, and the barriered key (None when the step drew none)."""
     slots = [("a", i, a) for i, a in enumerate(args) if isinstance(a, LazyTensor)]
     slots += [("k", k, v) for k, v in kwargs.items() if isinstance(v, LazyTensor)]
-    key = _rng._state["key"]
+    key = _rng.current_key()
     values = [t._ir for _, _, t in slots]
     if key is not None:
         values.append(key)
@@ -100,21 +100,6 @@ def _through_barrier(args, kwargs, after=()):
         else:
             kwargs[k] = t
     return tuple(args), kwargs, (out[n] if key is not None else None)
-
-
-@contextlib.contextmanager
-def _keyed(key):
-    """Random ops in the region draw from ``key`` (the barriered key) instead of the step's."""
-    if key is None:
-        yield
-        return
-    saved = _rng._state["key"]
-    _rng._state["key"] = key
-    try:
-        yield
-    finally:
-        if _rng._state["key"] is key:
-            _rng._state["key"] = saved
 
 
 class _Recompute:
@@ -141,12 +126,11 @@ class _Recompute:
         after = self.grads or _newest(args, kwargs)
         self.grads = ()  # (held no longer than needed: torch may keep this object for a while)
         args, kwargs, key = _through_barrier(args, kwargs, after)
-        reads = _step.EVENTS["host_reads"]
         dtype = self.autocast
         cast = _autocast.autocast(DEVICE.type, dtype=dtype, enabled=dtype is not None)
-        with _keyed(key), cast:
+        with _step.watch() as seen, _rng.keyed(key), cast:
             out = self.fn(*args, **kwargs)
-        _refuse_reads(self.fn, reads)
+        _refuse_reads(self.fn, seen)
         return out
 
 
@@ -162,16 +146,18 @@ def _newest(args, kwargs) -> tuple:
 
 
 def _forward(fn, args, kwargs):
-    reads = _step.EVENTS["host_reads"]
-    out = fn(*args, **kwargs)
-    _refuse_reads(fn, reads)
+    with _step.watch() as seen:
+        out = fn(*args, **kwargs)
+    _refuse_reads(fn, seen)
     return out
 
 
-def _refuse_reads(fn, before: int) -> None:
-    if _step.EVENTS["host_reads"] != before:
+def _refuse_reads(fn, seen) -> None:
+    """Refuse a checkpointed function that read a value to the host while ``seen`` (a
+    ``_step.watch``) watched it."""
+    if seen.host_reads:
         name = getattr(fn, "__qualname__", type(fn).__name__)
-        raise CheckpointError(
+        raise RecomputeError(
             f"checkpointed function {name} reads a lazy tensor's value to the host (.item(), "
             f".cpu(), print, a Python if on a tensor): its recompute in the backward pass would "
             f"read it again, in the middle of the step; move the read out of the checkpointed "
@@ -210,15 +196,15 @@ def _checkpoint_without_reentrant_generator(fn, *rest, **kwargs):
     next(inner)  # torch's pre-forward logic: saved-tensor hooks on
     refs = live_references()
     mark = refs[-1] if refs else None
-    reads = _step.EVENTS["host_reads"]
-    try:
-        yield
-    except BaseException as e:
-        inner.throw(e)
-        raise
+    with _step.watch() as seen:
+        try:
+            yield
+        except BaseException as e:
+            inner.throw(e)
+            raise
     with contextlib.suppress(StopIteration):
         next(inner)  # its post-forward logic: the hooks off again
-    _refuse_reads(fn, reads)
+    _refuse_reads(fn, seen)
     # The region's results (what it made that is still alive): the gradients that reach them
     # are what the recompute waits for.
     nodes = {}
@@ -237,18 +223,11 @@ def _checkpoint_without_reentrant_generator(fn, *rest, **kwargs):
 
 def _get_rng_state(device=None) -> torch.Tensor:
     """Where the lazy stream is: its step and the offset of the next random op."""
-    _rng.sync()
-    s = _rng._state
-    return torch.tensor([s["step"], s["offset"]], dtype=torch.int64)
+    return torch.tensor(_rng.state(), dtype=torch.int64)
 
 
 def _set_rng_state(state, device=None) -> None:
-    step, offset = (int(v) for v in state.tolist())
-    _rng.sync()
-    s = _rng._state
-    if step != s["step"]:
-        s["key"] = None  # another step's key: made again from (seed, step)
-    s["step"], s["offset"] = step, offset
+    _rng.restore(*(int(v) for v in state.tolist()))
 
 
 def _device_module() -> types.ModuleType:

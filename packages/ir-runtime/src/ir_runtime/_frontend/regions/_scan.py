@@ -90,11 +90,10 @@ def _trace_body(layer, x: LazyTensor) -> tuple[Body, list]:
     for name, t in _tensors(layer):
         names.append(name)
         placeholders.append(DeviceData(Shape(ir_dtype(t.dtype), tuple(t.shape))))
-    reads = _step.EVENTS["host_reads"]
     # Isolated: nothing recorded on the placeholders is live (an error leaves no pending work
     # that no step could run), and a tensor from outside written in place keeps its value.
     kind = f"scan_layers: {type(layer).__name__}.forward"
-    with _step.Isolated(kind) as isolated, torch.no_grad():
+    with _step.Isolated(kind) as isolated, _step.watch() as seen, torch.no_grad():
         inputs = {n: wrap(Value(p)) for n, p in zip(names, placeholders, strict=True)}
         before = {n: v._ir for n, v in inputs.items()}
         out = functional_call(layer, inputs, (wrap(Value(carry)),))
@@ -103,7 +102,7 @@ def _trace_body(layer, x: LazyTensor) -> tuple[Body, list]:
             f"{kind} writes a tensor {isolated.written[0]} that is neither its input nor one "
             f"of its parameters or buffers in place (it keeps its value)"
         )
-    if _step.EVENTS["host_reads"] != reads:
+    if seen.host_reads:
         raise ValueError(
             f"scan_layers: {type(layer).__name__}.forward reads a value to the host (.item(), "
             f"a Python if on a tensor); a scanned layer must stay on the device"

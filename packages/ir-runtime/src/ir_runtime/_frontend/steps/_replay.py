@@ -9,21 +9,19 @@ result trees (nested tuples, lists, dicts and named tuples of tensors and values
 from __future__ import annotations
 
 import functools
-from sys import getrefcount
 
 import jax
 import numpy as np
 import torch
 
 from ir_core import DeviceData, Value
-from ir_runtime import _metrics
+from ir_runtime import _donation, _metrics
 from ir_runtime._data import fetch, put
 from ir_runtime._execute import place
 from ir_runtime._frontend.recording import _rng
 from ir_runtime._frontend.recording._convert import host_numpy
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.recording._views import write_through
-from ir_runtime._frontend.steps import _step
 from ir_runtime._frontend.steps._guards import _array_bytes, _tensor_name, first_failure
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +222,7 @@ class _Plan:
                 t = _alive(x)
                 if t is None:
                     return _Miss(_unreadable(kind, x, None, shape))
-                shared = donated and not _sole(t, 0)
+                shared = donated and not _donation.sole(t, 0)
                 node = t._ir.node
             elif kind is _ARG:
                 leaf = leaves[x]
@@ -232,7 +230,7 @@ class _Plan:
                     _metrics.count("TransferToDevice")
                     arrays.append(put(host_numpy(leaf), sharding))
                     continue
-                shared = donated and not _sole(leaf, 1)  # (replayable_args holds its node)
+                shared = donated and not _donation.sole(leaf, 1)  # (replayable_args holds its node)
                 node = replayable_args[x]
             else:  # _RNG: drawn last, once nothing can send the call back to tracing
                 rng = len(arrays)
@@ -249,21 +247,8 @@ class _Plan:
             _metrics.count("DonationCopies")
             arrays[k] = jax.device_put(arrays[k], may_alias=False)
         if rng is not None:
-            arrays[rng] = place(_rng._key()[0].node, arrays[rng])
+            arrays[rng] = place(_rng.draw()[0].node, arrays[rng])
         return arrays
-
-
-def _sole(t: LazyTensor, extra: int) -> bool:
-    """Whether ``t`` alone holds its data, so a program may take its buffer over: nothing else
-    references its value, that value's node or the node's array (a detached copy, a view, a
-    pending op reading it, an array handed out). ``extra``: references to the node that the
-    caller holds itself."""
-    v = t._ir
-    # getrefcount counts its own argument and this frame's local, besides the holder's.
-    if getrefcount(v) != 3:
-        return False
-    n = v.node
-    return type(n) is DeviceData and getrefcount(n) == 3 + extra and _step.private(n)
 
 
 def _alive(refs):

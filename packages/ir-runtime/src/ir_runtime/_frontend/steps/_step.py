@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
-import jax
 import numpy as np
 import torch
 import torch._lazy
 
 from ir_core import DeviceData, Value, post_order
-from ir_runtime import _debug, _metrics, _profile
-from ir_runtime._collectives import references, wait_device_ops
+from ir_runtime import _debug, _donation, _metrics, _profile
+from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import fetch
 from ir_runtime._execute import run_graph
 from ir_runtime._frontend.recording import _fast, _rng
 from ir_runtime._frontend.recording._convert import host_tensor
 from ir_runtime._frontend.recording._tensor import LazyTensor, live
-from ir_runtime._placement import spec_at
 from ir_sharding import ShardingError
 
 
@@ -30,7 +26,8 @@ def pending(t: LazyTensor) -> bool:
 
 def _pin(tensors):
     """Roots for ``tensors``, and where each result must land: its tensors' strongest claim
-    (``LazyTensor._claim``), so the next step's graph is the same program."""
+    (``LazyTensor._claim``), so the next step's graph is the same program. A root's own
+    annotation comes first (``_graph.Graph.out_specs``)."""
     roots, seen, pins, strength = [], {}, [], []
     for t in tensors:
         v = t._ir
@@ -44,63 +41,19 @@ def _pin(tensors):
         claim, spec = t._claim()
         if claim > strength[k]:
             strength[k], pins[k] = claim, spec
-    for k, v in enumerate(roots):
-        if spec_at(v.node.sharding, v.index) is not None:
-            pins[k] = None  # the node says it already
     return roots, seen, pins
 
 
-# Whether steps donate buffers; IR_RUNTIME_DONATE=0 turns it off (torch_xla's
-# XLA_ENABLE_PARAM_ALIASING=0), to compare or to rule it out.
-DONATE = [os.environ.get("IR_RUNTIME_DONATE", "1") != "0"]
-
-
-class Donor:
-    """Which parameters of a step's graph give their buffers to its results (XLA then writes
-    the new values in place, as torch_xla aliases a parameter to its update): those whose data
-    nothing can read once the step has run. The step rebinds every tensor it computes, so its
-    old data is left to whatever else holds it: a live tensor still holding that data (a
-    detached copy, a tensor the step only reads, a batch), a live pending tensor the step does
-    not compute whose graph reads it (``held``, by node), or anyone holding the array itself
-    (``private``). Host data is placed afresh each step, so its device copy is the program's
-    own, except a scalar's: placed once and reused (``_execute.place``). A callable for
-    ``run_graph``'s ``donate``; only what a result can take over is donated (``_cache``)."""
-
-    __slots__ = ("held", "only", "replaces")
-
-    def __init__(self, held: set, only=None, replaces=None):
-        self.held = held  # ids of the DeviceData nodes something still reads
-        self.only = only  # None, or the ids of the nodes that may be donated at all
-        # id of the data a tensor held -> the root of its new value: which result is to take
-        # over which buffer (_cache pairs them; a wrong pair costs XLA a copy)
-        self.replaces = replaces or {}
-
-    def __call__(self, p: DeviceData) -> bool:
-        pid = id(p)
-        if pid in self.held or (self.only is not None and pid not in self.only):
-            return False
-        if isinstance(p.handle, jax.Array):
-            return private(p)
-        return isinstance(p.handle, np.ndarray) and p.handle.ndim > 0
-
-
-def private(p: DeviceData) -> bool:
-    """Whether only the node ``p`` holds its array (besides the runtime's own note of the last
-    program's result): no one else could read it once donated."""
-    # getrefcount's count: the node's handle, and getrefcount's own argument.
-    return sys.getrefcount(p.handle) - 2 == references(p.handle)
-
-
 def run(tensors, held: set, only=None):
-    """Run the graph of ``tensors`` and bind each to its result, donating what ``Donor(held,
-    only)`` allows; returns ``run_graph``'s ``(results, executable, graph, arrays)`` and each
-    tensor's root index."""
+    """Run the graph of ``tensors`` and bind each to its result, donating what
+    ``_donation.Donor(held, only)`` allows; returns ``run_graph``'s ``(results, executable,
+    graph, arrays)`` and each tensor's root index."""
     roots, position, pins = _pin(tensors)
     where = [position[(id(t._ir.node), t._ir.index)] for t in tensors]
     donate = ()
-    if DONATE[0]:
+    if _donation.ENABLED[0]:
         replaces = {t._held: k for t, k in zip(tensors, where, strict=True) if t._held}
-        donate = Donor(held, only, replaces)
+        donate = _donation.Donor(held, only, replaces)
     ran = run_graph(roots, donate=donate, out_shardings=pins)
     results = ran[0]
     for t, k in zip(tensors, where, strict=True):
@@ -109,9 +62,37 @@ def run(tensors, held: set, only=None):
 
 
 _last_step_end = [None]
-# What a captured step (compile_step) must notice while it traces: values read into Python,
-# and programs run in the middle of the step.
-EVENTS = {"host_reads": 0, "mark_steps": 0}
+# What a traced body must notice happened while it ran (``watch``): values read into Python,
+# and mark_steps run. Counted here, and only here.
+_EVENTS = {"host_reads": 0, "mark_steps": 0}
+
+
+class watch:
+    """A context that counts what happens while it is open: ``host_reads`` (values read to
+    the host) and ``mark_steps``. Each is the count since the context was entered, up to its
+    exit once it has exited."""
+
+    __slots__ = ("_end", "_start")
+
+    def __enter__(self):
+        self._start = dict(_EVENTS)
+        self._end = None
+        return self
+
+    def __exit__(self, *exc):
+        self._end = dict(_EVENTS)
+        return False
+
+    def _since(self, kind: str) -> int:
+        return (self._end or _EVENTS)[kind] - self._start[kind]
+
+    @property
+    def host_reads(self) -> int:
+        return self._since("host_reads")
+
+    @property
+    def mark_steps(self) -> int:
+        return self._since("mark_steps")
 
 
 # The bodies being traced on placeholders (a manual region, a scanned layer), innermost last,
@@ -141,7 +122,7 @@ class Isolated:
         REGIONS.pop()
         for t, value in self.before:
             if t._ir is not value:
-                t._ir = value
+                t._set(value)
                 self.written.append(f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}")
         self.before = None
         return False
@@ -152,7 +133,7 @@ def free_inputs(roots, placeholders, foreign):
     the index among them of the step's random key or None)``. Only lifted scalars and the key
     may be read; any other data node is refused with ``foreign(shape)``, an exception."""
     mine = {id(p) for p in placeholders}
-    key = _rng._state["key"]
+    key = _rng.current_key()
     free, values, key_at = [], [], None
     for n in post_order(roots):
         if type(n) is not DeviceData or id(n) in mine:
@@ -179,7 +160,7 @@ def mark_step() -> None:
     no_region("calls mark_step")
     start = time.perf_counter()
     _profile.step_started()
-    EVENTS["mark_steps"] += 1
+    _EVENTS["mark_steps"] += 1
     if _last_step_end[0] is not None:
         # Host time between two steps: recording the step (and whatever else the loop does).
         _metrics.record("TraceTime", start - _last_step_end[0])
@@ -247,7 +228,7 @@ def to_torch(t) -> torch.Tensor:
     if not isinstance(t, LazyTensor):
         return t
     data = materialize(t)
-    EVENTS["host_reads"] += 1
+    _EVENTS["host_reads"] += 1
     _metrics.count("TransferToHost")
     return host_tensor(fetch(data.handle), data.shape.dtype)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import gc
 import weakref
 from collections import Counter
-from sys import getrefcount
 
 import torch
 import torch.nn.modules.module as _module
 import torch.optim.optimizer as _optimizer
 
 from ir_core import DeviceData
+from ir_runtime import _donation
 from ir_runtime._frontend.recording import _rng, _tensor
 from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._tensor import LazyTensor, base_of, live, wrap
@@ -158,20 +158,10 @@ class _Entry:
         once the call is analysed nothing can read those, so their data may be donated."""
         # (a comprehension: no loop name left holding the last gradient)
         grads = Counter(id(g) for g in self.grads.values() if g is not None)
-        out = set()
-        for t in live():
-            n = t._ir.node
-            if type(n) is not DeviceData:
-                continue
-            tid = id(t)
-            # The entry's references: its tensor list, its holders list, each .grad it noted.
-            mine = 2 + grads.get(tid, 0) if tid in self.nodes else 0
-            # getrefcount's: live()'s list, this loop's name, its own argument. Anything but
-            # exactly those (more, or fewer than this count expects) holds the data: a count
-            # that is off never lets data someone holds be donated.
-            if getrefcount(t) - 3 != mine:
-                out.add(id(n))
-        return out
+        nodes = self.nodes
+        # The entry's own references to a tensor: its tensor list, its holders list, each
+        # .grad it noted.
+        return _donation.held(live(), lambda tid: 2 + grads.get(tid, 0) if tid in nodes else 0)
 
 
 def _call(fn, structure, lazy: list, plan: _Plan):
@@ -194,21 +184,19 @@ def _call(fn, structure, lazy: list, plan: _Plan):
         _optimizer.register_optimizer_step_pre_hook(saw_optimizer),
         _module.register_module_forward_pre_hook(saw_module),
     ]
-    events = dict(_step.EVENTS)
-    host_reads = _tensor.HOST_READS = []
     try:
-        args, kwargs = _unflatten(structure, lazy)
-        out = fn(*args, **kwargs)
+        with _step.watch() as seen, _tensor.host_reads() as host_reads:
+            args, kwargs = _unflatten(structure, lazy)
+            out = fn(*args, **kwargs)
     finally:
-        _tensor.HOST_READS = None
         for h in hooks:
             h.remove()
-    if _step.EVENTS["host_reads"] != events["host_reads"]:
+    if seen.host_reads:
         plan.reasons.append(
             "it reads a tensor's value into Python (.item(), .cpu(), printing), so what it "
             "does next can depend on the data; read results after the call instead"
         )
-    if _step.EVENTS["mark_steps"] != events["mark_steps"]:
+    if seen.mark_steps:
         plan.reasons.append("it calls mark_step(); a compiled step runs as one program")
     out_leaves: list = []
     plan.structure = _flatten(out, out_leaves)
@@ -272,7 +260,7 @@ def _program(plan: _Plan, entry: _Entry, pending, roles, host_reads) -> list:
         if isinstance(x, LazyTensor) and type(x._ir.node) is DeviceData:
             arg_nodes.setdefault(id(x._ir.node), i)  # placed inside the step
             entry.arg_data.append(x._ir.node)
-    key_node = _rng._state["key"]
+    key_node = _rng.current_key()
     key_node = key_node.node if key_node is not None else None
     read_from = {id(node): refs for node, refs in host_reads}
     # A gradient at entry -> the tensor it is the .grad of.

@@ -1,0 +1,112 @@
+"""A compiled program: XLA's executable for one graph, launched with its parameters' buffers.
+
+``Executable(graph, donate, order, fingerprint)`` lowers the graph (``_lower``) and compiles
+it; ``run(arrays)`` launches it under the one-collective-in-flight rule (``_collectives``) and
+returns one array per root; ``results`` wraps them as ``DeviceData``. The cache that keeps
+executables is ``_cache``; placing the parameters and running a graph end to end is
+``_execute``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ir_core import DeviceData, Shape
+from ir_runtime import _collectives, _distributed, _metrics, _profile
+from ir_runtime._errors import CompileError
+from ir_runtime._lower import lowered
+from ir_runtime._placement import spec_from_jax
+
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+
+
+LAST_RUN: list = [None]  # the Executable that ran last
+
+
+def memory_of(compiled) -> dict:
+    """Device bytes per device of a compiled jax program, from XLA's analysis (exact, on
+    every backend): ``arguments``, ``outputs``, ``temporaries``, ``aliased`` (outputs written
+    into donated arguments) and ``peak`` (their sum, less what is aliased)."""
+    m = compiled.memory_analysis()
+    out = {
+        "arguments": m.argument_size_in_bytes,
+        "outputs": m.output_size_in_bytes,
+        "temporaries": m.temp_size_in_bytes,
+        "aliased": m.alias_size_in_bytes,
+    }
+    out["peak"] = out["arguments"] + out["outputs"] + out["temporaries"] - out["aliased"]
+    return out
+
+
+class Executable:
+    """A compiled graph: call ``run(arrays)`` with one array per parameter (in ``post_order``
+    order of the graph's DeviceData nodes); it returns one array per root, in the roots' order.
+
+    ``donate``: the parameters (indices) whose buffers the results take over; ``order``: the
+    order the program itself returns its results in (None: the roots'), so that jax pairs
+    each donated parameter with the result meant to replace it (``_output_order``)."""
+
+    def __init__(self, g, donate: tuple, order, fingerprint: bytes):
+        lowering = lowered(g, donate, order)
+        start = time.perf_counter()
+        try:
+            with _profile.span("ir_runtime.compile"):
+                self.compiled = lowering.compile()
+        except Exception as e:
+            raise CompileError(f"XLA could not compile the graph: {type(e).__name__}: {e}") from e
+        _metrics.record("CompileTime", time.perf_counter() - start)
+        _metrics.count("CompileCount")
+        self.fingerprint = fingerprint
+        self.donate = donate
+        self.program = g.program
+        # Parameters fed by earlier results carry the compiled output shardings themselves:
+        # use those very objects, so placing them is an identity check.
+        outs = {o: o for o in self.compiled.output_shardings}
+        self.in_shardings = [outs.get(s, s) for s in g.in_shardings()]
+        self.out_shapes = [Shape(r.shape.dtype, r.shape.dims) for r in g.roots]
+        # The program returns its results in ``order`` (donation's pairing); run() returns
+        # them in the roots' order.
+        self._unorder = None if order is None else tuple(order.index(r) for r in range(len(order)))
+        shardings = self._roots_order(self.compiled.output_shardings)
+        self.out_specs = [
+            spec_from_jax(s, len(shape.dims), g.program)
+            for s, shape in zip(shardings, self.out_shapes, strict=True)
+        ]
+        text = self.compiled.as_text() or ""
+        self.has_collectives = any(c in text for c in _COLLECTIVES)
+        self.sync = self.has_collectives and self.program.devices[0].platform == "cpu"
+        self.num_nodes = len(g.order)
+
+    def _roots_order(self, outs):
+        u = self._unorder
+        return outs if u is None else [outs[j] for j in u]
+
+    def memory(self) -> dict:
+        """``memory_of`` the compiled program."""
+        return memory_of(self.compiled)
+
+    def results(self, outs) -> list[DeviceData]:
+        """One ``DeviceData`` per root, holding the arrays ``run`` returned."""
+        return [
+            DeviceData(shape, handle=a, sharding=spec)
+            for shape, a, spec in zip(self.out_shapes, outs, self.out_specs, strict=True)
+        ]
+
+    def run(self, arrays: list) -> list:
+        start = time.perf_counter()
+        LAST_RUN[0] = self
+        if self.sync:
+            _collectives.settle()
+        try:
+            if _profile.ACTIVE[0]:
+                with _profile.span("ir_runtime.execute"):
+                    outs = self.compiled(*arrays)
+            else:
+                outs = self.compiled(*arrays)
+        except Exception as e:
+            raise _distributed.device_failure(e, "the program") from e
+        if self._unorder is not None:
+            outs = [outs[j] for j in self._unorder]
+        _collectives.launched(outs, self.sync)
+        _metrics.executed(time.perf_counter() - start, len(self.donate))
+        return outs
