@@ -276,3 +276,85 @@ def test_a_view_taken_outside_follows_a_replayed_step():
     step()
     assert step.replaying
     np.testing.assert_array_equal(irt.to_torch(v).numpy(), np.arange(1.0, 4.0) / 16)
+
+
+# -- reference counts, calibrated on the running interpreter ------------------------------------
+
+
+def test_reference_counts_are_calibrated_on_this_interpreter():
+    """Every donation count subtracts what its own frame holds; ``refs`` must count exactly the
+    holders of an object, the caller's locals included, on the interpreter that runs us."""
+    import sys
+
+    from ir_runtime import _donation
+
+    assert _donation.CALIBRATION.trusted, _donation.CALIBRATION
+    assert _donation.ENABLED[0]
+    holder = [object()] * 3
+    x = holder[0]
+    assert _donation.refs(x) == 4  # three list slots and the local x
+    assert _donation.refs(x) == sys.getrefcount(x) - 1  # getrefcount: its own argument too
+    del holder
+    assert _donation.refs(x) == 1
+
+
+def test_counts_that_cannot_be_trusted_are_refused():
+    import itertools
+    import sys
+
+    from ir_runtime._donation import Calibration
+
+    flips = itertools.count()
+    wobbly = Calibration(getrefcount=lambda x: sys.getrefcount(x) + next(flips) % 2)
+    assert not wobbly.trusted and "references where 2, 3 and 4 are held" in wobbly.reason
+    assert not Calibration(gil=False).trusted  # a free-threaded build: deferred counts
+    # A constant offset (an interpreter that counts its own frame differently) is calibrated.
+    plain = Calibration(getrefcount=lambda x: sys.getrefcount(x))
+    shifted = Calibration(getrefcount=lambda x: sys.getrefcount(x) - 3)
+    assert plain.trusted and shifted.trusted and shifted.own == plain.own - 3
+
+
+def test_untrusted_counts_turn_donation_off_with_one_warning_and_the_same_values():
+    """On an interpreter whose counts are off, donation is switched off (one DonationWarning
+    at import, saying why) and training gives the same values, donating nothing."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import itertools, sys, warnings
+        real, flips = sys.getrefcount, itertools.count()
+        sys.getrefcount = lambda x: real(x) + next(flips) % 2
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import ir_runtime as irt
+        sys.getrefcount = real
+        kinds = [w.category.__name__ for w in caught]
+        assert kinds.count("DonationWarning") == 1, kinds
+        text = str(next(w.message for w in caught if w.category.__name__ == "DonationWarning"))
+        assert "donates no buffers" in text and "2, 3 and 4" in text, text
+        import torch
+        irt.init(cpu_devices=1)
+        torch.manual_seed(0)
+        eager = torch.nn.Linear(8, 4)
+        lazy = irt.to_lazy(torch.nn.Linear(8, 4))
+        lazy.load_state_dict(eager.state_dict())
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, lazy)]
+        x = torch.randn(16, 8)
+        for _ in range(3):
+            for m, opt, xs in ((eager, opts[0], x), (lazy, opts[1], irt.to_lazy(x))):
+                opt.zero_grad()
+                m(xs).square().mean().backward()
+                opt.step()
+            irt.mark_step()
+        assert irt.metrics()["counters"].get("DonatedBuffers", 0) == 0
+        torch.testing.assert_close(irt.to_torch(lazy.weight), eager.weight.detach())
+        print("ok")
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().endswith("ok")

@@ -56,25 +56,36 @@ def refs(x) -> int:
 
 
 class Calibration:
-    """How ``refs`` counts on this interpreter, measured on objects whose holders are known:
+    """How ``getrefcount`` counts on this interpreter, measured on objects whose holders are
+    known, through functions shaped like ``refs``: ``own`` is what refs must subtract;
     ``trusted`` when every probe counts exactly, else ``reason`` says what was off."""
 
-    def __init__(self, count=refs):
-        self.reason = None
-        if not getattr(sys, "_is_gil_enabled", lambda: True)():
+    def __init__(self, getrefcount=getrefcount, gil=None):
+        self.own, self.reason = None, None
+        if gil is None:
+            gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+        if not gil:
             self.reason = (
                 "this is a free-threaded interpreter without the GIL, whose reference counts "
                 "are deferred and per thread"
             )
             return
-        _OWN[0] += _probe(1, count) - 2  # the probe's holders: its list, and its local
+
+        def raw(x):
+            return getrefcount(x)
+
+        own = _probe(1, raw) - 2  # the probe's holders: its list, and its local
+
+        def counted(x):
+            return getrefcount(x) - own
+
         # Every probe again, after the interpreter has had the chance to specialize the calls.
         for _ in range(64):
-            seen = (_probe(1, count), _probe(2, count), _probe(3, count))
+            seen = (_probe(1, counted), _probe(2, counted), _probe(3, counted))
             if seen != (2, 3, 4):
                 self.reason = f"sys.getrefcount counted {seen} references where 2, 3 and 4 are held"
-                _OWN[0] = 0
                 return
+        self.own = own
 
     @property
     def trusted(self) -> bool:
@@ -82,7 +93,7 @@ class Calibration:
 
     def __repr__(self):
         state = "trusted" if self.trusted else f"untrusted: {self.reason}"
-        return f"Calibration(own={_OWN[0]}, {state})"
+        return f"Calibration(own={self.own}, {state})"
 
 
 def _probe(n: int, count) -> int:
@@ -93,6 +104,10 @@ def _probe(n: int, count) -> int:
 
 
 CALIBRATION = Calibration()
+if CALIBRATION.trusted:
+    _OWN[0] = CALIBRATION.own
+    if _probe(1, refs) != 2:  # refs itself, as the counts below use it
+        CALIBRATION.reason = f"refs counted {_probe(1, refs)} references where 2 are held"
 ENABLED = [os.environ.get("IR_RUNTIME_DONATE", "1") != "0" and CALIBRATION.trusted]
 if not CALIBRATION.trusted:
     warnings.warn(

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from ir_runtime._dtypes import enable_x64
 from ir_runtime._frontend.recording import (  # noqa: F401  (importing registers their handlers)
+    _dispatch,
     _dynamic,
     _factories,
     _handlers,
     _optim,
-    _record,
     _rng,
     _samplers,
 )
@@ -32,7 +32,7 @@ def install() -> None:
     if _INSTALLED[0]:
         return
     enable_x64()
-    _record.configure_origins()
+    _dispatch.configure_origins()
     _autocast.install()
     _recompute.install()
     _factories.install()

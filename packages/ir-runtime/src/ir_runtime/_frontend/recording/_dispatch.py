@@ -9,16 +9,31 @@ decomposed with torch's own decompositions; anything else is a clear error namin
 
 from __future__ import annotations
 
+import os
+import sysconfig
+
+import jax
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
 
+import ir_core
+import ir_runtime
+import ir_sharding
 from ir_runtime import _metrics
 from ir_runtime._bounded import Bounded
 from ir_runtime._errors import UnsupportedOpError
 from ir_runtime._frontend.recording import _fast
-from ir_runtime._frontend.recording._meta import infer
-from ir_runtime._frontend.recording._record import _fast_parts, plan_of, record
-from ir_runtime._frontend.recording._tensor import _DATA, LazyTensor
+from ir_runtime._frontend.recording._meta import MEMO, infer
+from ir_runtime._frontend.recording._record import (
+    LEAVES,
+    attr_value,
+    default_float,
+    float_dtype,
+    make_leaf,
+    plan_of,
+    record,
+)
+from ir_runtime._frontend.recording._tensor import _DATA, LazyTensor, as_value
 from ir_runtime._frontend.recording._views import rebind, write_through
 from ir_runtime._lowering import RULES, _registry
 
@@ -261,4 +276,33 @@ def dispatch(func, args, kwargs):
     )
 
 
-_fast.configure(lazy=LazyTensor, dispatch=_dispatch, **_fast_parts)
+# -- the C hot path (_fast), configured here and only here ------------------------------------
+
+_fast.configure(
+    lazy=LazyTensor,
+    meta=MEMO,
+    leaves=LEAVES,
+    make_leaf_=make_leaf,
+    default_float_=default_float,
+    float_dtype_=float_dtype,
+    attr_value_=attr_value,
+    as_value_=as_value,
+    dispatch=_dispatch,
+    record_=record,
+)
+
+
+def configure_origins() -> None:
+    """Source lines on unless ``IR_RUNTIME_SOURCE_LINES=0``; the frames walked past to find the
+    user's: torch's, jax's, ir-core's, ir-sharding's, this package's and the standard library's
+    (not the site-packages inside it: a model's source, transformers' included, is the user's)."""
+
+    def folder(module):
+        return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+    paths = sysconfig.get_paths()
+    library = [folder(m) for m in (torch, jax, ir_core, ir_sharding, ir_runtime)]
+    stdlib = [paths["stdlib"] + os.sep, paths["platstdlib"] + os.sep]
+    user = [paths["purelib"] + os.sep, paths["platlib"] + os.sep]
+    on = os.environ.get("IR_RUNTIME_SOURCE_LINES", "1") != "0"
+    _fast.set_origins(on, library, stdlib, user)

@@ -13,7 +13,7 @@ from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._frontend.recording import _fast
 from ir_runtime._frontend.recording._convert import ir_dtype
 from ir_runtime._frontend.recording._meta import MEMO, infer
-from ir_runtime._frontend.recording._tensor import LazyTensor, add_view, as_value, wrap
+from ir_runtime._frontend.recording._tensor import LazyTensor, add_view, wrap
 
 # Argument kinds in an op's plan (the C preparation's own numbering).
 TENSOR, TENSOR_LIST, OPT_TENSOR, SCALAR, OTHER = _fast.KINDS
@@ -139,18 +139,18 @@ def attr_value(value):
     raise TypeError(f"argument {value!r} ({type(value).__name__}) has no attribute encoding")
 
 
-def _make_leaf(value, dtype: str) -> Value:
+def make_leaf(value, dtype: str) -> Value:
     return Value(DeviceData(Shape(dtype, ()), handle=np.asarray(value, to_numpy_dtype(dtype))))
 
 
-def _default_float() -> str:
+def default_float() -> str:
     return ir_dtype(torch.get_default_dtype())
 
 
 _COMPLEX_PRECISION = {"complex64": "float32", "complex128": "float64"}
 
 
-def _float_dtype(args):
+def float_dtype(args):
     """The precision of the op's first floating (or complex) tensor argument, as a float dtype:
     lifted scalars take it (complex ones its complex type)."""
     for a in args:
@@ -207,39 +207,5 @@ def record(func, args, kwargs, plan: Plan | None = None, prepared=None):
     return out
 
 
-def configure_origins() -> None:
-    """Source lines on unless ``IR_RUNTIME_SOURCE_LINES=0``; the frames walked past to find the
-    user's: torch's, jax's, ir-core's, ir-sharding's, this package's and the standard library's
-    (not the site-packages inside it: a model's source, transformers' included, is the user's)."""
-    import os
-    import sysconfig
-
-    import jax
-
-    import ir_core
-    import ir_runtime
-    import ir_sharding
-
-    def folder(module):
-        return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
-
-    paths = sysconfig.get_paths()
-    library = [folder(m) for m in (torch, jax, ir_core, ir_sharding, ir_runtime)]
-    stdlib = [paths["stdlib"] + os.sep, paths["platstdlib"] + os.sep]
-    user = [paths["purelib"] + os.sep, paths["platlib"] + os.sep]
-    on = os.environ.get("IR_RUNTIME_SOURCE_LINES", "1") != "0"
-    _fast.set_origins(on, library, stdlib, user)
-
-
 # The leaves' cache is bounded: a run whose Python scalars keep changing must not grow.
 LEAVES = Bounded(8192)
-_fast_parts = {
-    "meta": MEMO,
-    "leaves": LEAVES,
-    "make_leaf_": _make_leaf,
-    "default_float_": _default_float,
-    "float_dtype_": _float_dtype,
-    "attr_value_": attr_value,
-    "as_value_": as_value,
-    "record_": record,
-}

@@ -11,7 +11,7 @@ function and run the compiled program on the tensors' current data, as ``jax.jit
 
 What a replay checks before it runs (and traces again when any differs): the argument key (the
 arguments' shapes, dtypes and structure, Python arguments by value, grad mode) picks the plan
-of one traced call; then that plan's guard table (``_Plan.guards``; the guard kinds are in
+of one traced call; then that plan's guard table (``Replay.guards``; the guard kinds are in
 ``_guards``), top to bottom: every optimizer the step stepped (hyperparameters, state table,
 parameter lists), every module it called that outlives the call (its ``training`` flag, which
 parameters, buffers and submodules it has, which parameters require grad), whether each tensor
@@ -45,12 +45,12 @@ from ir_runtime import _metrics, _profile
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.steps import _step
 from ir_runtime._frontend.steps._replay import (
-    _flat,
-    _flatten,
-    _leaf_key,
-    _Miss,
-    _Plan,
-    _unflatten,
+    Miss,
+    Replay,
+    flat,
+    flatten,
+    leaf_key,
+    unflatten,
 )
 from ir_runtime._frontend.steps._trace import trace
 
@@ -59,7 +59,7 @@ class CaptureWarning(UserWarning):
     """A compiled step cannot be replayed, so every call traces it; the message says why."""
 
 
-_NESTED = (tuple, list, dict)  # arguments _flatten takes apart
+_NESTED = (tuple, list, dict)  # arguments flatten takes apart
 _grad_enabled = torch.is_grad_enabled
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
 
@@ -116,10 +116,10 @@ class CompiledStep:
                     break
         if leaves is None:
             leaves = []
-            structure = _flatten((args, kwargs), leaves)
+            structure = flatten((args, kwargs), leaves)
         else:  # the common case: positional tensors and values
-            structure = _flat(len(args))
-        key = (structure, _grad_enabled(), *map(_leaf_key, range(len(leaves)), leaves))
+            structure = flat(len(args))
+        key = (structure, _grad_enabled(), *map(leaf_key, range(len(leaves)), leaves))
         self._key = key
         plan = self._replay.get(key)
         if plan is not None:
@@ -128,7 +128,7 @@ class CompiledStep:
                     out = plan.replay(leaves, _data_nodes(leaves))
             else:
                 out = plan.replay(leaves, _data_nodes(leaves))
-            if type(out) is not _Miss:
+            if type(out) is not Miss:
                 if self._failures:  # (the usual replay has none to forget: no key to hash)
                     self._failures.pop(key, None)
                 return out
@@ -151,9 +151,9 @@ class CompiledStep:
         with _profile.span("ir_runtime.trace"):
             plan, outputs = trace(self.fn, leaves, structure)
         self._settle(key, plan)
-        return _unflatten(plan.structure, outputs)  # the lazy ones now hold their results
+        return unflatten(plan.structure, outputs)  # the lazy ones now hold their results
 
-    def _settle(self, key, plan: _Plan) -> None:
+    def _settle(self, key, plan: Replay) -> None:
         last = self._last.pop(key, None)
         self._last[key] = plan  # the most recent signature last
         if len(self._last) > _SIGNATURES:

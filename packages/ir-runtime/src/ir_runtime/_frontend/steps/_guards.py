@@ -79,7 +79,7 @@ def first_failure(guards) -> str:
     return f"a {type(guards[0]).__name__} failed"  # all_hold disagrees with holds: a bug
 
 
-def _tensor_name(shape, dtype) -> str:
+def tensor_name(shape, dtype) -> str:
     return f"tensor {list(shape)} {str(dtype).removeprefix('torch.')}"
 
 
@@ -302,7 +302,7 @@ class _TensorGuard(Guard):
         self.dtype = t.dtype
 
     def _name(self) -> str:
-        return _tensor_name(self.shape, self.dtype)
+        return tensor_name(self.shape, self.dtype)
 
 
 class GradGuard(_TensorGuard):
@@ -429,7 +429,7 @@ class RequiresGradGuard(_TensorGuard):
         return f"{self._name()} that the step reads {now} requires grad"
 
 
-def _array_bytes(a: np.ndarray) -> bytes:
+def array_bytes(a: np.ndarray) -> bytes:
     """An array's value (dtype, shape and data), to compare."""
     return _array_head(a) + a.tobytes()
 
@@ -439,7 +439,7 @@ def _array_head(a: np.ndarray) -> bytes:
 
 
 def _host_bytes(t: torch.Tensor) -> bytes:
-    return _array_bytes(host_numpy(t, copy=False))
+    return array_bytes(host_numpy(t, copy=False))
 
 
 class HostGuard(_TensorGuard):

@@ -22,32 +22,32 @@ from ir_runtime._frontend.recording import _rng
 from ir_runtime._frontend.recording._convert import host_numpy
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.recording._views import write_through
-from ir_runtime._frontend.steps._guards import _array_bytes, _tensor_name, first_failure
+from ir_runtime._frontend.steps._guards import array_bytes, first_failure, tensor_name
 
 # ---------------------------------------------------------------------------------------------
 # Arguments and results: nested tuples, lists, dicts and named tuples of tensors and values.
 
 
-def _flatten(x, leaves: list):
+def flatten(x, leaves: list):
     """Append ``x``'s leaves to ``leaves``; return its structure (hashable)."""
     t = type(x)
     if t is tuple or t is list:
-        return (t, tuple(_flatten(v, leaves) for v in x))
+        return (t, tuple(flatten(v, leaves) for v in x))
     if t is dict:
-        return (dict, tuple(x), tuple(_flatten(v, leaves) for v in x.values()))
+        return (dict, tuple(x), tuple(flatten(v, leaves) for v in x.values()))
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return (t, tuple(_flatten(v, leaves) for v in x))
+        return (t, tuple(flatten(v, leaves) for v in x))
     leaves.append(x)
     return None
 
 
 @functools.cache
-def _flat(n: int):
-    """``_flatten``'s structure of ``(args, {})`` for ``n`` leaves."""
-    return _flatten(((None,) * n, {}), [])
+def flat(n: int):
+    """``flatten``'s structure of ``(args, {})`` for ``n`` leaves."""
+    return flatten(((None,) * n, {}), [])
 
 
-def _unflatten(structure, leaves):
+def unflatten(structure, leaves):
     if structure is None:  # one leaf (a step's usual return: its loss)
         return leaves[0]
     it = iter(leaves)
@@ -66,7 +66,7 @@ def _unflatten(structure, leaves):
     return build(structure)
 
 
-def _leaf_key(k: int, x):
+def leaf_key(k: int, x):
     if type(x) is LazyTensor:  # the common case first: its value's Shape (dims and dtype)
         return (True, x._ir.shape, x.requires_grad)
     if isinstance(x, torch.Tensor):
@@ -85,11 +85,11 @@ def _leaf_key(k: int, x):
 # ---------------------------------------------------------------------------------------------
 # What a replay reads and writes.
 
-_ARG, _STATE, _CONST, _RNG = "arg", "state", "const", "rng"  # where a parameter's data comes from
-_OUT, _GRAD, _DROP = "out", "grad", "drop"  # what a result binds to, besides _STATE, _ARG
+ARG, STATE, CONST, RNG = "arg", "state", "const", "rng"  # where a parameter's data comes from
+OUT, GRAD, DROP = "out", "grad", "drop"  # what a result binds to, besides STATE, ARG
 
 
-class _Miss:
+class Miss:
     """A replay's answer when a guard fails: the call is traced instead."""
 
     __slots__ = ("why",)
@@ -98,17 +98,17 @@ class _Miss:
         self.why = why  # the failed guard's reason, in a line
 
 
-def _value_bytes(h) -> bytes:
+def value_bytes(h) -> bytes:
     """A constant's value, to compare two recordings of a step."""
-    return _array_bytes(fetch(h) if isinstance(h, jax.Array) else np.asarray(h))
+    return array_bytes(fetch(h) if isinstance(h, jax.Array) else np.asarray(h))
 
 
 def _unreadable(kind, x, node, shape) -> str:
     """Why a replay cannot read a program parameter's data from the tensor it comes from."""
-    if kind is _ARG:
+    if kind is ARG:
         what = f"argument {x}"
     else:
-        what = f"{_tensor_name(shape.dims, shape.dtype)} that the step reads"
+        what = f"{tensor_name(shape.dims, shape.dtype)} that the step reads"
     if node is None:
         return f"{what} was freed (every tensor holding its data)"
     if type(node) is not DeviceData:
@@ -116,7 +116,7 @@ def _unreadable(kind, x, node, shape) -> str:
     return f"{what} holds {node.shape} data, traced as {shape}"
 
 
-class _Plan:
+class Replay:
     """One traced call of a step, as a replay would run it."""
 
     def __init__(self):
@@ -125,7 +125,7 @@ class _Plan:
         # Per program parameter: (kind, tensor refs / argument index / array / None).
         self.sources: list = []
         self.shapes: list = []  # per parameter: the data's Shape
-        self.const_bytes: list = []  # per _CONST parameter: its value
+        self.const_bytes: list = []  # per CONST parameter: its value
         self.bindings: list = []  # (kind, tensor ref / arg or output index, root index)
         self.structure = None  # the return value's structure
         self.statics: list = []  # the return value's leaves; None where a tensor goes
@@ -135,7 +135,7 @@ class _Plan:
         self._reads: tuple | None = None
         self._writes: tuple | None = None
 
-    def same_as(self, other: _Plan) -> bool:
+    def same_as(self, other: Replay) -> bool:
         """Whether two traced calls did the same thing: the condition for replaying."""
         if self.reasons or other.reasons or self.exe is not other.exe:
             return False
@@ -146,8 +146,8 @@ class _Plan:
         for (k1, x1), (k2, x2) in zip(self.sources, other.sources, strict=True):
             if (
                 k1 != k2
-                or (k1 == _STATE and _alive(x1) is not _alive(x2))
-                or (k1 == _ARG and x1 != x2)
+                or (k1 == STATE and _alive(x1) is not _alive(x2))
+                or (k1 == ARG and x1 != x2)
             ):
                 return False
         if len(self.bindings) != len(other.bindings):
@@ -155,19 +155,19 @@ class _Plan:
         for (k1, x1, r1), (k2, x2, r2) in zip(self.bindings, other.bindings, strict=True):
             if k1 != k2 or r1 != r2:
                 return False
-            if (k1 == _STATE or k1 == _GRAD) and x1() is not x2():
+            if (k1 == STATE or k1 == GRAD) and x1() is not x2():
                 return False
-            if (k1 == _ARG or k1 == _OUT) and x1 != x2:
+            if (k1 == ARG or k1 == OUT) and x1 != x2:
                 return False
         return True
 
     def replay(self, leaves: list, replayable_args: list):
-        """Run the step on the current data, or a ``_Miss`` when a guard says to trace it."""
+        """Run the step on the current data, or a ``Miss`` when a guard says to trace it."""
         for all_hold, packed, guards in self.checks:
             if not all_hold(packed):
-                return _Miss(first_failure(guards))
+                return Miss(first_failure(guards))
         arrays = self._inputs(leaves, replayable_args)
-        if type(arrays) is _Miss:
+        if type(arrays) is Miss:
             return arrays
         exe = self.exe
         raw = exe.run(arrays)
@@ -179,28 +179,28 @@ class _Plan:
         outputs = list(self.statics)
         for kind, x, shape, spec, k in writes:
             data = DeviceData(shape, raw[k], spec)  # as exe.results makes it, for the bound only
-            if kind is _OUT:
+            if kind is OUT:
                 outputs[x] = LazyTensor(Value(data))
-            elif kind is _STATE:
+            elif kind is STATE:
                 t = x()
                 if t is not None:
                     t._bind(data)
                     if t._views:  # views taken outside the step follow it, as in eager
                         write_through(t)
-            elif kind is _GRAD:
+            elif kind is GRAD:
                 t = x()
                 if t is not None:
                     t.grad = LazyTensor(Value(data))
-            elif kind is _ARG:  # the caller's lazy tensor, written by the step
+            elif kind is ARG:  # the caller's lazy tensor, written by the step
                 leaves[x]._bind(data)
                 if leaves[x]._views:
                     write_through(leaves[x])
         _rng.next_step()
         _metrics.count("StepReplay")
-        return _unflatten(self.structure, outputs)
+        return unflatten(self.structure, outputs)
 
     def _inputs(self, leaves: list, replayable_args: list):
-        """The program's arguments, from the current data of the tensors it reads; a ``_Miss``
+        """The program's arguments, from the current data of the tensors it reads; a ``Miss``
         when one of them is gone or holds no data of the shape traced (the last guard)."""
         arrays = []
         rng = None
@@ -215,16 +215,16 @@ class _Plan:
             )
         copies = None
         for kind, x, shape, sharding, donated in reads:
-            if kind is _CONST:
+            if kind is CONST:
                 arrays.append(x)
                 continue
-            if kind is _STATE:
+            if kind is STATE:
                 t = _alive(x)
                 if t is None:
-                    return _Miss(_unreadable(kind, x, None, shape))
+                    return Miss(_unreadable(kind, x, None, shape))
                 shared = donated and not _donation.sole(t, 0)
                 node = t._ir.node
-            elif kind is _ARG:
+            elif kind is ARG:
                 leaf = leaves[x]
                 if replayable_args[x] is None:  # a host tensor: placed straight from its memory
                     _metrics.count("TransferToDevice")
@@ -232,12 +232,12 @@ class _Plan:
                     continue
                 shared = donated and not _donation.sole(leaf, 1)  # (replayable_args holds its node)
                 node = replayable_args[x]
-            else:  # _RNG: drawn last, once nothing can send the call back to tracing
+            else:  # RNG: drawn last, once nothing can send the call back to tracing
                 rng = len(arrays)
                 arrays.append(sharding)
                 continue
             if type(node) is not DeviceData or node.shape != shape:
-                return _Miss(_unreadable(kind, x, node, shape))
+                return Miss(_unreadable(kind, x, node, shape))
             if shared:  # donated, yet still read elsewhere: the program takes a copy
                 if copies is None:
                     copies = []

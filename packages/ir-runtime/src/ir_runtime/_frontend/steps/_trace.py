@@ -33,17 +33,17 @@ from ir_runtime._frontend.steps._guards import (
     as_runs,
 )
 from ir_runtime._frontend.steps._replay import (
-    _ARG,
-    _CONST,
-    _DROP,
-    _GRAD,
-    _OUT,
-    _RNG,
-    _STATE,
-    _flatten,
-    _Plan,
-    _unflatten,
-    _value_bytes,
+    ARG,
+    CONST,
+    DROP,
+    GRAD,
+    OUT,
+    RNG,
+    STATE,
+    Replay,
+    flatten,
+    unflatten,
+    value_bytes,
 )
 from ir_runtime._frontend.steps._step import pending as _pending
 
@@ -63,9 +63,9 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
             if not busy or not isinstance(leaves[arg_pos[tid]], LazyTensor):
                 if busy:  # a host tensor's own lazy copy, written by the step
                     pending.append(t)
-                    roles.append((_DROP, None))
+                    roles.append((DROP, None))
                 continue
-            role = (_ARG, arg_pos[tid])
+            role = (ARG, arg_pos[tid])
         elif tid in entry_nodes:
             if not busy:
                 if t._ir.node is not entry_nodes[tid]:
@@ -75,7 +75,7 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
                         f"outside the step"
                     )
                 continue
-            role = (_STATE, _ref(t))
+            role = (STATE, _ref(t))
         elif tid in out_pos:
             if not busy:
                 reasons.append(
@@ -83,11 +83,11 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
                     "before the call); return only what the step computes"
                 )
                 continue
-            role = (_OUT, out_pos[tid])
+            role = (OUT, out_pos[tid])
         elif tid in grad_of:
-            role = (_GRAD, _ref(grad_of[tid]))
+            role = (GRAD, _ref(grad_of[tid]))
         elif tid in bases:
-            role = (_DROP, None)
+            role = (DROP, None)
         else:
             survivors = True
             reasons.append(
@@ -95,7 +95,7 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
                 f"than as its result or a gradient (kept in an attribute or a list), and a "
                 f"replay cannot recreate it"
             )
-            role = (_DROP, None)  # computed all the same: nothing is left pending
+            role = (DROP, None)  # computed all the same: nothing is left pending
         if busy:
             pending.append(t)
             roles.append(role)
@@ -164,7 +164,7 @@ class _Entry:
         return _donation.held(live(), lambda tid: 2 + grads.get(tid, 0) if tid in nodes else 0)
 
 
-def _call(fn, structure, lazy: list, plan: _Plan):
+def _call(fn, structure, lazy: list, plan: Replay):
     """Run ``fn`` on the lazy arguments, noting the optimizers it steps, the modules it calls
     and the host tensors its program reads; ``plan`` gets the result's structure and reasons
     from what the call did. Returns ``(its result's leaves, lazy ones detached, optimizers,
@@ -186,7 +186,7 @@ def _call(fn, structure, lazy: list, plan: _Plan):
     ]
     try:
         with _step.watch() as seen, _tensor.host_reads() as host_reads:
-            args, kwargs = _unflatten(structure, lazy)
+            args, kwargs = unflatten(structure, lazy)
             out = fn(*args, **kwargs)
     finally:
         for h in hooks:
@@ -199,7 +199,7 @@ def _call(fn, structure, lazy: list, plan: _Plan):
     if seen.mark_steps:
         plan.reasons.append("it calls mark_step(); a compiled step runs as one program")
     out_leaves: list = []
-    plan.structure = _flatten(out, out_leaves)
+    plan.structure = flatten(out, out_leaves)
     # Results are returned detached: a replay has no autograd graph to give them.
     outputs = [wrap(o._ir) if isinstance(o, LazyTensor) else o for o in out_leaves]
     # A module the call created and dropped (a loss module built in ``forward``) is gone: a
@@ -251,7 +251,7 @@ def _roles(leaves, entry: _Entry, outputs, grad_of, bases):
     return classified[:3]
 
 
-def _program(plan: _Plan, entry: _Entry, pending, roles, host_reads) -> list:
+def _program(plan: Replay, entry: _Entry, pending, roles, host_reads) -> list:
     """Run the pending tensors' program, and fill ``plan``'s sources (where each parameter's
     data comes from at a replay) and bindings (what each result goes to). Returns the guards
     on what it reads: gradients, requires_grad, host tensors' values, in that order."""
@@ -275,9 +275,9 @@ def _program(plan: _Plan, entry: _Entry, pending, roles, host_reads) -> list:
         plan.shapes.append(p.shape)
         pid = id(p)
         if pid in arg_nodes:
-            plan.sources.append((_ARG, arg_nodes[pid]))
+            plan.sources.append((ARG, arg_nodes[pid]))
         elif pid in holders:
-            plan.sources.append((_STATE, tuple(_ref(h) for h in holders[pid])))
+            plan.sources.append((STATE, tuple(_ref(h) for h in holders[pid])))
             if len(holders[pid]) == 1:  # (aliases may differ; the one read then is unknown)
                 t = holders[pid][0]
                 requires.append(RequiresGradGuard(t))
@@ -285,10 +285,10 @@ def _program(plan: _Plan, entry: _Entry, pending, roles, host_reads) -> list:
                 if owner is not None:  # read as p.grad: p must still have it
                     grad_reads.append(GradReadGuard(owner, t))
         elif p is key_node:
-            plan.sources.append((_RNG, None))
+            plan.sources.append((RNG, None))
         else:
-            plan.sources.append((_CONST, a))
-            plan.const_bytes.append(_value_bytes(p.handle))
+            plan.sources.append((CONST, a))
+            plan.const_bytes.append(value_bytes(p.handle))
             # A host tensor (or the base of the view) read that outlives the call: changed in
             # place later (a tensor learning rate a scheduler fills), it must be read again.
             for ref in read_from.get(pid, ()):
@@ -299,13 +299,13 @@ def _program(plan: _Plan, entry: _Entry, pending, roles, host_reads) -> list:
     return grad_reads + requires + hosts
 
 
-def trace(fn, leaves: list, structure) -> tuple[_Plan, list]:
+def trace(fn, leaves: list, structure) -> tuple[Replay, list]:
     """Run one call of the step as ``fn(...); mark_step()`` would, and make its plan: returns
     ``(plan, the call's result leaves)``, the lazy ones holding their results."""
     if any(_pending(t) for t in live()):
         _step.mark_step()  # the step's program holds only the step
     entry = _Entry(leaves)
-    plan = _Plan()
+    plan = Replay()
     outputs, optimizers, modules, host_reads = _call(fn, structure, entry.lazy, plan)
     plan.reasons += entry.reasons
     plan.reasons += [
