@@ -17,11 +17,13 @@ compile.
 import importlib
 
 from ir_runtime._cache import CACHE, compile
+from ir_runtime._check import check_graph
 from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import GatherWarning, to_device, to_host
 from ir_runtime._debug import set_debug
 from ir_runtime._devices import devices, init
 from ir_runtime._distributed import process_count, process_index
+from ir_runtime._donation import DonationWarning
 from ir_runtime._errors import (
     CheckpointArgumentError,
     CheckpointDirectoryError,
@@ -37,6 +39,7 @@ from ir_runtime._errors import (
     DistributedError,
     DTypeError,
     ExecutionError,
+    GraphError,
     LoweringError,
     RecomputeError,
     RuntimeIRError,
@@ -50,7 +53,7 @@ from ir_runtime._metrics import metrics, metrics_report, reset_metrics
 from ir_runtime._profile import profile
 from ir_sharding import Mesh
 
-__version__ = "0.8.1"
+__version__ = "0.9.0"
 
 register_lowering = register
 
@@ -129,9 +132,11 @@ __all__ = [
     "DTypeError",
     "DeviceCountError",
     "DistributedError",
+    "DonationWarning",
     "Executable",
     "ExecutionError",
     "GatherWarning",
+    "GraphError",
     "LazyTensor",
     "LoweringError",
     "Mesh",
@@ -143,6 +148,7 @@ __all__ = [
     "all_reduce",
     "all_to_all",
     "axis_index",
+    "check_graph",
     "clear_sharding",
     "compile",
     "compile_step",
@@ -183,4 +189,4 @@ __all__ = [
 
 
 def __dir__():
-    return sorted(set(globals()) | _FRONTEND)
+    return sorted(set(globals()) | _FRONTEND.keys())

@@ -12,8 +12,8 @@ import jax
 import jaxlib
 
 from ir_core import graph_fingerprint, graph_hash
-from ir_runtime import _debug, _donation, _metrics
-from ir_runtime._dtypes import _X64, enable_x64
+from ir_runtime import _check, _debug, _donation, _metrics
+from ir_runtime._dtypes import X64, enable_x64
 from ir_runtime._executable import Executable
 from ir_runtime._graph import Graph
 
@@ -38,7 +38,7 @@ class CompileCache:
 
     def get(self, roots, donate=(), out_shardings=None) -> tuple[Executable, Graph]:
         start = time.perf_counter()
-        if not _X64[0]:
+        if not X64[0]:
             enable_x64()
         g = Graph(roots, out_shardings)
         donate = _donation.indices(g, donate)  # (indices, the order of the results)
@@ -54,6 +54,8 @@ class CompileCache:
                         _metrics.record("CacheLookupTime", time.perf_counter() - start)
                         return exe, g
         _metrics.count("CacheMiss")
+        if _check.enabled():  # the IR verifier (docs/dialect.md)
+            _check.check_graph(g.roots, order=g.order)
         _metrics.record("GraphNodes", len(g.order))
         summary = None
         if _debug.DEBUG[0]:

@@ -67,7 +67,7 @@ class Summary:
         self.nodes = [
             (
                 n.op,
-                tuple(_shape_text(s) for s in n.shapes),
+                tuple(shape_text(s) for s in n.shapes),
                 _attrs(n),
                 None if n.sharding is None else _spec_text(n.sharding),
                 tuple((position[id(v.node)], v.index) for v in n.operands),
@@ -90,7 +90,7 @@ def _attrs(n) -> tuple:
     return tuple((k, v) for k, v in n.attrs.items() if k != "__lifted__")
 
 
-def _shape_text(s) -> str:
+def shape_text(s) -> str:
     return f"{s.dtype}[{', '.join(map(str, s.dims))}]"
 
 

@@ -51,12 +51,12 @@ def name_of(dtype) -> str:
         ) from None
 
 
-_X64 = [False]
+X64 = [False]
 
 
 def enable_x64() -> None:
     """Turn on jax's x64 mode, once: torch's int64 and float64 stay 64-bit. ``init``, the first
     placement and the first compile call it; importing ir_runtime changes no jax setting."""
-    if not _X64[0]:
+    if not X64[0]:
         jax.config.update("jax_enable_x64", True)
-        _X64[0] = True
+        X64[0] = True

@@ -17,6 +17,15 @@ class LoweringError(RuntimeIRError, ValueError):
     """A graph that cannot be lowered: a rule rejected a node, or a bad parameter."""
 
 
+class GraphError(LoweringError):
+    """A graph that breaks the IR dialect (``check_graph``, ``docs/dialect.md``): every
+    violation in one error, each naming its node's op and source line (``violations``)."""
+
+    def __init__(self, message: str, violations=()):
+        super().__init__(message)
+        self.violations = list(violations)
+
+
 class CompileError(RuntimeIRError, RuntimeError):
     """XLA failed to compile a lowered graph."""
 

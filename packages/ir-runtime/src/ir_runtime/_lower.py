@@ -10,7 +10,7 @@ from ir_runtime._dtypes import enable_x64, name_of
 from ir_runtime._errors import LoweringError, RuntimeIRError
 from ir_runtime._graph import Graph
 from ir_runtime._jaxapi import one_frame_locations, recorded_at
-from ir_runtime._lowering import OPERANDS, rule_for
+from ir_runtime._lowering._registry import OPERANDS, rule_for
 from ir_runtime._placement import spec_at
 from ir_runtime._rewrite import rewrite
 

@@ -24,15 +24,9 @@ COUNTERS = (
     "HostRead",  # reads to the host (.item(), .cpu(), print) that ran a program
     "HostReadTensors",  # tensors those programs computed: the read one and those sharing its graph
 )
-TIMERS = (
-    "LowerTime",
-    "CompileTime",
-    "ExecuteTime",
-    "GraphNodes",
-    "CacheLookupTime",
-    "TraceTime",  # host time between two mark_steps: recording a step
-    "MarkStepTime",
-)
+# Timers appear in metrics() as first recorded: LowerTime, CompileTime, ExecuteTime, GraphNodes
+# (nodes, not seconds), CacheLookupTime, TraceTime (host time between two mark_steps: recording
+# a step) and MarkStepTime.
 # Counters named "Decomposed::<op>" count ops that went through torch's decompositions (slow on
 # the tracing path: candidates for a lowering rule); "Unsupported::<op>" ops with neither.
 

@@ -5,11 +5,6 @@ from __future__ import annotations
 from ir_sharding._spec import ShardingKind, ShardingSpec
 
 
-def _span(s: slice, size: int) -> str:
-    start, stop, _ = s.indices(size)
-    return f"{start}:{stop}"
-
-
 def _devices(ids) -> str:
     return ",".join(map(str, ids))
 

@@ -48,7 +48,7 @@ def live_references() -> list:
 
 def functional_of(func):
     """The out-of-place overload the front end records for an in-place ATen op, or None."""
-    return _dispatch._functional(func)
+    return _dispatch.functional_of(func)
 
 
 def prepared(func, args, kwargs) -> tuple:

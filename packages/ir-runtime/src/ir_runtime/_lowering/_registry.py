@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax.numpy as jnp
+from jax import lax
 
 from ir_runtime import _schema
 from ir_runtime._dtypes import to_numpy_dtype
@@ -90,6 +91,29 @@ def out_dims(node, k: int = 0) -> tuple:
 def scalar(value, dtype):
     """A Python scalar as a 0-d array of ``dtype``."""
     return jnp.asarray(value, dtype=dtype)
+
+
+def cast(x, dtype):
+    """``x`` in ``dtype``: ``x`` itself when it already is (no convert in the program)."""
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def ieee_div(a, b):
+    """``a / b`` as torch computes it: each element's IEEE quotient (``x / 0`` is inf or NaN), in
+    the dtype ``a`` and ``b`` promote to (a Python scalar takes the other's dtype).
+
+    XLA turns a division by a broadcast (of a scalar: a constant, a loop counter, a sum; or along
+    a dim: a per-segment count) into a multiplication by the rounded reciprocals, an ulp off
+    torch's quotients (a density, a mean or ``round(x, decimals)`` then differ). A barrier on
+    ``b`` alone does not stop it, as the broadcast comes after the barrier: both operands are
+    broadcast to one shape first, then go through one barrier, and XLA sees a plain divide.
+    """
+    a = jnp.asarray(a)
+    dt = jnp.result_type(a, b)
+    a, b = jnp.asarray(a, dt), jnp.asarray(b, dt)
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    a, b = lax.optimization_barrier((jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)))
+    return a / b
 
 
 def norm_dim(dim: int, rank: int) -> int:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ir_runtime._lowering._registry import existing, out_dtype, register, scalar
-from ir_runtime._lowering.elementwise import _cast
+from ir_runtime._lowering._registry import cast, existing, out_dtype, register, scalar
 
 # -- comparisons and logic -----------------------------------------------------------------
 
@@ -29,14 +28,14 @@ _COMPARE = {
 
 def _common(x, y):
     dt = jnp.promote_types(x.dtype, y.dtype)
-    return _cast(x, dt), _cast(y, dt)
+    return cast(x, dt), cast(y, dt)
 
 
 def _scalar_like(x, value):
     """A Python scalar compared with a tensor, as torch does: in the tensor's dtype unless the
     scalar is a float and the tensor is not, then in float32 (torch's default dtype)."""
     if isinstance(value, float) and not jnp.issubdtype(x.dtype, jnp.inexact):
-        return _cast(x, np.float32), scalar(value, np.float32)
+        return cast(x, np.float32), scalar(value, np.float32)
     return x, scalar(value, x.dtype)
 
 
@@ -73,19 +72,19 @@ def _isclose(node, x, y):
 @register("aten::where.self")
 def _where(node, cond, x, y):
     dt = out_dtype(node)
-    return jnp.where(cond, _cast(x, dt), _cast(y, dt))
+    return jnp.where(cond, cast(x, dt), cast(y, dt))
 
 
 @register("aten::where.ScalarOther")
 def _where_scalar_other(node, cond, x):
     dt = out_dtype(node)
-    return jnp.where(cond, _cast(x, dt), scalar(node.attrs["other"], dt))
+    return jnp.where(cond, cast(x, dt), scalar(node.attrs["other"], dt))
 
 
 @register("aten::where.ScalarSelf")
 def _where_scalar_self(node, cond, y):
     dt = out_dtype(node)
-    return jnp.where(cond, scalar(node.attrs["self"], dt), _cast(y, dt))
+    return jnp.where(cond, scalar(node.attrs["self"], dt), cast(y, dt))
 
 
 # (clone, alias, detach and contiguous never reach a rule: the front end gives the same value.)
@@ -94,19 +93,19 @@ def _copy(node, x):
     dt = out_dtype(node)
     if jnp.iscomplexobj(x) and not jnp.issubdtype(dt, jnp.complexfloating):
         x = jnp.real(x)  # torch drops the imaginary part
-    return _cast(x, dt)
+    return cast(x, dt)
 
 
 @register("aten::masked_fill.Scalar")
 def _masked_fill(node, x, mask):
     dt = out_dtype(node)
-    return jnp.where(mask, scalar(node.attrs["value"], dt), _cast(x, dt))
+    return jnp.where(mask, scalar(node.attrs["value"], dt), cast(x, dt))
 
 
 @register("aten::masked_fill.Tensor")
 def _masked_fill_tensor(node, x, mask, value):
     dt = out_dtype(node)
-    return jnp.where(mask, _cast(value, dt), _cast(x, dt))
+    return jnp.where(mask, cast(value, dt), cast(x, dt))
 
 
 @register("aten::fill.Scalar")
@@ -117,4 +116,4 @@ def _fill(node, x):
 
 @register("aten::fill.Tensor")
 def _fill_tensor(node, x, value):
-    return jnp.broadcast_to(_cast(value, out_dtype(node)), x.shape)
+    return jnp.broadcast_to(cast(value, out_dtype(node)), x.shape)

@@ -11,21 +11,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering._registry import existing, out_dtype, register, scalar
-
-
-def _cast(x, dtype):
-    return x if x.dtype == dtype else x.astype(dtype)
+from ir_runtime._lowering._registry import cast, existing, out_dtype, register, scalar
 
 
 def _is_one(v) -> bool:
     """Whether an attribute is the constant 1 (a lifted scalar is a traced value: never)."""
     return isinstance(v, (int, float)) and v == 1
-
-
-def _compute_dtype(node):
-    """Arithmetic on integers or bools whose output is float happens in the output dtype."""
-    return out_dtype(node)
 
 
 # -- binary arithmetic ---------------------------------------------------------------------
@@ -51,17 +42,17 @@ _BINARY = {
 def _binary(fn, with_alpha):
     def tensor_tensor(node, x, y):
         dt = out_dtype(node)
-        y = _cast(y, dt)
+        y = cast(y, dt)
         if with_alpha and not _is_one(node.attrs["alpha"]):
             y = y * scalar(node.attrs["alpha"], dt)
-        return fn(_cast(x, dt), y)
+        return fn(cast(x, dt), y)
 
     def tensor_scalar(node, x):
         dt = out_dtype(node)
         y = scalar(node.attrs["other"], dt)
         if with_alpha and not _is_one(node.attrs["alpha"]):
             y = y * scalar(node.attrs["alpha"], dt)
-        return fn(_cast(x, dt), y)
+        return fn(cast(x, dt), y)
 
     return tensor_tensor, tensor_scalar
 
@@ -75,7 +66,7 @@ for _name, _fn in _BINARY.items():
 @register("aten::pow.Tensor_Tensor")
 def _pow_tt(node, x, y):
     dt = out_dtype(node)
-    return jnp.power(_cast(x, dt), _cast(y, dt))
+    return jnp.power(cast(x, dt), cast(y, dt))
 
 
 @register("aten::pow.Tensor_Scalar")
@@ -83,27 +74,27 @@ def _pow_ts(node, x):
     dt = out_dtype(node)
     e = node.attrs["exponent"]
     if isinstance(e, int) and not isinstance(e, bool) and 0 <= e <= 8:
-        return lax.integer_pow(_cast(x, dt), e)
-    return jnp.power(_cast(x, dt), scalar(e, dt))
+        return lax.integer_pow(cast(x, dt), e)
+    return jnp.power(cast(x, dt), scalar(e, dt))
 
 
 @register("aten::pow.Scalar")
 def _pow_st(node, y):
     dt = out_dtype(node)
-    return jnp.power(scalar(node.attrs["self"], dt), _cast(y, dt))
+    return jnp.power(scalar(node.attrs["self"], dt), cast(y, dt))
 
 
 @register("aten::rsub.Tensor")
 def _rsub_tt(node, x, y):
     dt = out_dtype(node)
-    return _cast(y, dt) - _cast(x, dt) * scalar(node.attrs["alpha"], dt)
+    return cast(y, dt) - cast(x, dt) * scalar(node.attrs["alpha"], dt)
 
 
 @register("aten::rsub.Scalar")
 def _rsub_ts(node, x):
     dt = out_dtype(node)
     alpha = scalar(node.attrs["alpha"], dt)
-    return scalar(node.attrs["other"], dt) - _cast(x, dt) * alpha
+    return scalar(node.attrs["other"], dt) - cast(x, dt) * alpha
 
 
 def _divide(x, y, mode, dt):
@@ -122,26 +113,26 @@ def _divide(x, y, mode, dt):
 @register("aten::div.Tensor", "aten::true_divide.Tensor")
 def _div_tt(node, x, y):
     dt = out_dtype(node)
-    return _divide(_cast(x, dt), _cast(y, dt), None, dt)
+    return _divide(cast(x, dt), cast(y, dt), None, dt)
 
 
 @register("aten::div.Scalar")
 def _div_ts(node, x):
     dt = out_dtype(node)
-    return _divide(_cast(x, dt), scalar(node.attrs["other"], dt), None, dt)
+    return _divide(cast(x, dt), scalar(node.attrs["other"], dt), None, dt)
 
 
 @register("aten::div.Tensor_mode")
 def _div_mode(node, x, y):
     dt = out_dtype(node)
-    return _divide(_cast(x, dt), _cast(y, dt), node.attrs["rounding_mode"], dt)
+    return _divide(cast(x, dt), cast(y, dt), node.attrs["rounding_mode"], dt)
 
 
 @register("aten::div.Scalar_mode")
 def _div_scalar_mode(node, x):
     dt = out_dtype(node)
     y = scalar(node.attrs["other"], dt)
-    return _divide(_cast(x, dt), y, node.attrs["rounding_mode"], dt)
+    return _divide(cast(x, dt), y, node.attrs["rounding_mode"], dt)
 
 
 # -- unary ---------------------------------------------------------------------------------
@@ -190,7 +181,7 @@ for _name, _fn in _UNARY.items():
 
     def _unary(node, x, _fn=_fn):
         dt = out_dtype(node)  # a complex input is not cast to abs's real output before abs
-        return _cast(_fn(x), dt) if jnp.iscomplexobj(x) else _fn(_cast(x, dt))
+        return cast(_fn(x), dt) if jnp.iscomplexobj(x) else _fn(cast(x, dt))
 
     register(f"aten::{_name}.default")(_unary)
 
@@ -207,7 +198,7 @@ for _name, _fn in (("isnan", jnp.isnan), ("isinf", jnp.isinf), ("isfinite", jnp.
 @register("aten::gelu.default")
 def _gelu(node, x):
     approximate = node.attrs["approximate"] == "tanh"
-    return jax.nn.gelu(_cast(x, out_dtype(node)), approximate=approximate)
+    return jax.nn.gelu(cast(x, out_dtype(node)), approximate=approximate)
 
 
 @register("aten::leaky_relu.default")
@@ -231,7 +222,7 @@ def _clamped(node, x, lo, hi, bound):
     """``x`` in the output dtype, raised to ``lo`` then lowered to ``hi`` (None: no bound);
     ``bound(b, dtype)`` makes a bound of that dtype (a Python scalar's or a tensor's)."""
     dt = out_dtype(node)
-    x = _cast(x, dt)
+    x = cast(x, dt)
     if lo is not None:
         x = jnp.maximum(x, bound(lo, dt))
     if hi is not None:
@@ -246,7 +237,7 @@ def _clamp(node, x):
 
 @register("aten::clamp.Tensor")
 def _clamp_tensor(node, x, lo, hi):
-    return _clamped(node, x, lo, hi, _cast)
+    return _clamped(node, x, lo, hi, cast)
 
 
 @register("aten::nan_to_num.default")
@@ -264,28 +255,28 @@ def _nan_to_num(node, x):
 @register("aten::lerp.Scalar")
 def _lerp(node, x, end):
     dt = out_dtype(node)
-    return _cast(x, dt) + scalar(node.attrs["weight"], dt) * (_cast(end, dt) - _cast(x, dt))
+    return cast(x, dt) + scalar(node.attrs["weight"], dt) * (cast(end, dt) - cast(x, dt))
 
 
 @register("aten::lerp.Tensor")
 def _lerp_tensor(node, x, end, weight):
     dt = out_dtype(node)
-    x = _cast(x, dt)
-    return x + _cast(weight, dt) * (_cast(end, dt) - x)
+    x = cast(x, dt)
+    return x + cast(weight, dt) * (cast(end, dt) - x)
 
 
 @register("aten::addcmul.default")
 def _addcmul(node, x, t1, t2):
     dt = out_dtype(node)
     v = scalar(node.attrs["value"], dt)
-    return _cast(x, dt) + v * _cast(t1, dt) * _cast(t2, dt)
+    return cast(x, dt) + v * cast(t1, dt) * cast(t2, dt)
 
 
 @register("aten::addcdiv.default")
 def _addcdiv(node, x, t1, t2):
     dt = out_dtype(node)
     v = scalar(node.attrs["value"], dt)
-    return _cast(x, dt) + v * _cast(t1, dt) / _cast(t2, dt)
+    return cast(x, dt) + v * cast(t1, dt) / cast(t2, dt)
 
 
 # -- the backward ops of activations ---------------------------------------------------------

@@ -20,12 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
-
-
-def _cast(x, dtype):
-    return x if x.dtype == dtype else x.astype(dtype)
-
+from ir_runtime._lowering._registry import cast, norm_dim, out_dims, out_dtype, register
 
 # -- views and conjugation -----------------------------------------------------------------
 
@@ -34,27 +29,27 @@ def _cast(x, dtype):
 def _view_as_real(node, z):
     if not jnp.iscomplexobj(z):
         raise ValueError(f"view_as_real takes a complex tensor, got {z.dtype}")
-    return _cast(jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1), out_dtype(node))
+    return cast(jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1), out_dtype(node))
 
 
 @register("aten::view_as_complex.default")
 def _view_as_complex(node, x):
     if x.ndim == 0 or x.shape[-1] != 2:
         raise ValueError(f"view_as_complex takes a tensor whose last dim is 2, got {x.shape}")
-    return _cast(lax.complex(x[..., 0], x[..., 1]), out_dtype(node))
+    return cast(lax.complex(x[..., 0], x[..., 1]), out_dtype(node))
 
 
 # conj_physical is _conj_physical's composite; resolve_conj and resolve_neg never reach the
 # device (no tensor here carries the bits: torch returns the tensor itself).
 @register("aten::_conj.default", "aten::_conj_physical.default")
 def _conj(node, z):
-    return _cast(jnp.conj(z), out_dtype(node))
+    return cast(jnp.conj(z), out_dtype(node))
 
 
 def _real_parts(node, *xs):
     """``xs`` in the real precision of the complex output, broadcast to its shape."""
     part = np.float32 if out_dtype(node) == np.complex64 else np.float64
-    return [jnp.broadcast_to(_cast(x, part), out_dims(node)) for x in xs]
+    return [jnp.broadcast_to(cast(x, part), out_dims(node)) for x in xs]
 
 
 @register("aten::complex.default")
@@ -72,8 +67,8 @@ def _polar(node, r, theta):
 def _angle(node, x):
     dt = out_dtype(node)
     if jnp.iscomplexobj(x):
-        return _cast(jnp.arctan2(jnp.imag(x), jnp.real(x)), dt)
-    x = _cast(x, dt)
+        return cast(jnp.arctan2(jnp.imag(x), jnp.real(x)), dt)
+    x = cast(x, dt)
     # torch: pi for negative numbers, 0 otherwise (-0.0 too), NaN kept.
     angle = jnp.where(x < 0, jnp.asarray(math.pi, dt), jnp.zeros((), dt))
     return jnp.where(jnp.isnan(x), x, angle)
@@ -105,7 +100,7 @@ def _signal_size(shape, dims) -> int:
 @register("aten::_fft_c2c.default")
 def _fft_c2c(node, z):
     dt = out_dtype(node)
-    z = _cast(z, dt)
+    z = cast(z, dt)
     dims = _dims(node, z.ndim)
     if not dims:
         return z
@@ -113,34 +108,34 @@ def _fft_c2c(node, z):
         y = jnp.fft.fftn(z, axes=dims)
     else:  # the unnormalized inverse: ifft's 1/n undone
         y = jnp.fft.ifftn(z, axes=dims, norm="forward")
-    return _cast(_normalize(y, _signal_size(z.shape, dims), node.attrs["normalization"]), dt)
+    return cast(_normalize(y, _signal_size(z.shape, dims), node.attrs["normalization"]), dt)
 
 
 @register("aten::_fft_r2c.default")
 def _fft_r2c(node, x):
     dt = out_dtype(node)
     real = np.float32 if dt == np.complex64 else np.float64
-    x = _cast(x, real)
+    x = cast(x, real)
     dims = _dims(node, x.ndim)
     if not dims:
-        return _cast(x, dt)
+        return cast(x, dt)
     if node.attrs["onesided"]:
         y = jnp.fft.rfftn(x, axes=dims)
     else:
-        y = jnp.fft.fftn(_cast(x, dt), axes=dims)
-    return _cast(_normalize(y, _signal_size(x.shape, dims), node.attrs["normalization"]), dt)
+        y = jnp.fft.fftn(cast(x, dt), axes=dims)
+    return cast(_normalize(y, _signal_size(x.shape, dims), node.attrs["normalization"]), dt)
 
 
 @register("aten::_fft_c2r.default")
 def _fft_c2r(node, z):
     dt = out_dtype(node)
-    z = _cast(z, np.complex64 if dt == np.float32 else np.complex128)
+    z = cast(z, np.complex64 if dt == np.float32 else np.complex128)
     dims = _dims(node, z.ndim)
     shape = out_dims(node)
     sizes = [shape[d] for d in dims]
     # The unnormalized inverse (irfft's 1/n undone); the last dim is the Hermitian one.
     y = jnp.fft.irfftn(z, s=sizes, axes=dims, norm="forward")
-    return _cast(_normalize(y, _signal_size(shape, dims), node.attrs["normalization"]), dt)
+    return cast(_normalize(y, _signal_size(shape, dims), node.attrs["normalization"]), dt)
 
 
 # -- framing (stft) ------------------------------------------------------------------------

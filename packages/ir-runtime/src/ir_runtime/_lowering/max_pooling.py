@@ -16,14 +16,14 @@ from jax import lax
 from ir_runtime._lowering._registry import out_dtype, register
 from ir_runtime._lowering.pooling import (
     _acc,
-    _adaptive_out,
-    _adaptive_windows,
-    _check_out,
     _geometry,
     _ints,
     _op,
-    _padding_for,
     _spatial,
+    adaptive_out,
+    adaptive_windows,
+    check_out,
+    padding_for,
 )
 
 # -- windows and their max -------------------------------------------------------------------------
@@ -109,8 +109,8 @@ def _select_max(w, valid, positions):
 
 def _check_outs(node, x, n: int, out):
     """``out`` (the spatial output sizes) against both outputs' shapes: values and indices."""
-    _check_out(node, x, n, out)
-    _check_out(node, x, n, out, 1)
+    check_out(node, x, n, out)
+    check_out(node, x, n, out, 1)
 
 
 def _window_max(node, w, per_dim_valid, per_dim_pos, sizes, n: int):
@@ -129,7 +129,7 @@ def _max_pool_with_indices(n: int):
     def rule(node, x):
         k, s, p, d, out, sizes = _geometry(node, x, n, dilation=True)
         _check_outs(node, x, n, out)
-        w = _strided_windows(x, n, k, s, d, _padding_for(sizes, k, s, p, d, out), out)
+        w = _strided_windows(x, n, k, s, d, padding_for(sizes, k, s, p, d, out), out)
         per_dim_pos, per_dim_valid = [], []
         for size, kd, sd, pd, dd, od in zip(sizes, k, s, p, d, out, strict=True):
             pos = np.arange(od)[:, None] * sd - pd + np.arange(kd)[None, :] * dd
@@ -194,11 +194,11 @@ for _n, _ops in (
 
 def _adaptive_max(n: int):
     def rule(node, x):
-        sizes, out = _adaptive_out(node, x, n, _ints(node, "output_size", n))
+        sizes, out = adaptive_out(node, x, n, _ints(node, "output_size", n))
         _check_outs(node, x, n, out)
         per_dim_pos, per_dim_valid = [], []
         for size, od in zip(sizes, out, strict=True):
-            start, end = _adaptive_windows(size, od)
+            start, end = adaptive_windows(size, od)
             width = int((end - start).max())
             pos = start[:, None] + np.arange(width)[None, :]
             valid = pos < end[:, None]

@@ -59,7 +59,7 @@ def _acc(dtype):
     return np.dtype(np.float32) if dtype in _LOW_PRECISION else np.dtype(dtype)
 
 
-def _check_out(node, x, n: int, sizes, k: int = 0) -> tuple:
+def check_out(node, x, n: int, sizes, k: int = 0) -> tuple:
     """``sizes`` (the spatial output sizes a rule computes) against the node's output shape."""
     sizes = tuple(int(s) for s in sizes)
     want = tuple(out_dims(node, k))
@@ -122,7 +122,7 @@ def _geometry(node, x, n: int, dilation: bool):
     return k, s, p, d, out, sizes
 
 
-def _padding_for(sizes, k, s, p, d, out) -> list:
+def padding_for(sizes, k, s, p, d, out) -> list:
     """(low, high) padding per spatial dim so the windows of ``out`` outputs all fit: ``p``
     each side, and more on the right where ceil_mode's last window overhangs it."""
     pads = []
@@ -156,12 +156,12 @@ def _avg_divisor(sizes, k, s, p, out, count_include_pad) -> np.ndarray:
 def _avg_pool(node, x, n: int, forward: bool = True):
     k, s, p, _, out, sizes = _geometry(node, x, n, dilation=False)
     if forward:
-        _check_out(node, x, n, out)
+        check_out(node, x, n, out)
     divisor_override = node.attrs["divisor_override"]
     if divisor_override is not None and int(divisor_override) == 0:
         raise ValueError(f"{_op(node)}: divisor_override must not be zero")
     acc = _acc(x.dtype)
-    pads = _padding_for(sizes, k, s, p, (1,) * n, out)
+    pads = padding_for(sizes, k, s, p, (1,) * n, out)
     lead = x.ndim - n
     summed = lax.reduce_window(
         x.astype(acc),
@@ -211,7 +211,7 @@ def _avg_pool_backward(n: int):
 # -- adaptive pooling -----------------------------------------------------------------------------
 
 
-def _adaptive_windows(size: int, out: int):
+def adaptive_windows(size: int, out: int):
     """torch's adaptive windows: start floor(i * size / out), end ceil((i + 1) * size / out)."""
     i = np.arange(out)
     start = (i * size) // out
@@ -219,7 +219,7 @@ def _adaptive_windows(size: int, out: int):
     return start, end
 
 
-def _adaptive_out(node, x, n: int, out_sizes):
+def adaptive_out(node, x, n: int, out_sizes):
     sizes = _spatial(node, x, n)
     out = tuple(int(o) for o in out_sizes)
     if len(out) != n or any(o <= 0 for o in out):
@@ -231,12 +231,12 @@ def _adaptive_out(node, x, n: int, out_sizes):
 
 def _adaptive_avg(node, x, n: int, out_sizes):
     """Window sums as one 0/1 matrix product per spatial dim, divided by the window sizes."""
-    sizes, out = _adaptive_out(node, x, n, out_sizes)
+    sizes, out = adaptive_out(node, x, n, out_sizes)
     acc = _acc(x.dtype)
     y = x.astype(acc)
     counts = None
     for axis, (size, od) in enumerate(zip(sizes, out, strict=True)):
-        start, end = _adaptive_windows(size, od)
+        start, end = adaptive_windows(size, od)
         j = np.arange(size)
         member = ((j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])).astype(acc)
         y = jnp.moveaxis(
@@ -257,7 +257,7 @@ def _adaptive_avg(node, x, n: int, out_sizes):
 def _adaptive_avg_rule(n: int):
     def rule(node, x):
         out = _ints(node, "output_size", n)
-        _check_out(node, x, n, out)
+        check_out(node, x, n, out)
         return _adaptive_avg(node, x, n, out).astype(out_dtype(node))
 
     return rule

@@ -19,6 +19,10 @@ the sharding of the parameter an optimizer state belongs to), whatever the layou
 from: another mesh, another process count, sharded or replicated. Everything is checked before
 anything is assigned: a key, shape or dtype that does not match is named, with both sides, and
 nothing changes.
+
+Longer than 400 lines, as one module: saving and restoring are the two directions of one
+on-disk format (the ``arrays`` and ``meta`` items, their keys, the plain-value encoding, the
+random streams), and side by side each key written can be seen to be read back.
 """
 
 from __future__ import annotations

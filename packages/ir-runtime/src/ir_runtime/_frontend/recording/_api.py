@@ -55,7 +55,7 @@ def to_lazy(x):
     raise TypeError(f"to_lazy takes a torch.Tensor or nn.Module, got {type(x).__name__}")
 
 
-def _check_lazy(t, what):
+def check_lazy(t, what):
     if not isinstance(t, LazyTensor):
         raise ShardingError(
             f"{what} takes a lazy tensor (ir_runtime.to_lazy(t)), got "
@@ -159,8 +159,51 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
     A tensor holding data is placed so; a tensor with pending work gets its node cloned with
     the sharding, and every consumer already recorded is relinked to the clone. Each step's
     result for ``t`` stays there. Errors leave ``t`` as it was.
+
+    Args:
+        t: a lazy tensor (``to_lazy``).
+        mesh: the ``Mesh`` of devices to shard over.
+        partition_spec: a tuple (or list) with exactly one entry per dim of ``t``: a shorter
+            spec is not padded with ``None`` (as jax's ``PartitionSpec`` is) but refused, and a
+            0-d tensor takes ``()``. Each entry is one of:
+
+            - ``None``: the dim is not split (an empty tuple says the same).
+            - a mesh axis name (``"data"``): the dim is split into as many blocks as that axis
+              has devices.
+            - a mesh axis index (an int from 0 to ``mesh.ndim - 1``; not a bool, not negative):
+              the same, the axis named by its position.
+            - a tuple of axis names or indices (``("data", "model")``): the dim is split over
+              several axes, into the product of their sizes, the first axis major.
+
+            Each mesh axis shards at most one dim, once. Mesh axes the spec leaves out
+            replicate: each block is held by every device along them (``(None, None)``
+            replicates ``t`` whole). A split dim should be a multiple of its number of blocks.
+
+    Returns:
+        ``t`` itself, annotated (and placed, if it holds data).
+
+    Raises:
+        ShardingError: ``t`` is not a lazy tensor; ``mesh`` is not a ``Mesh``;
+            ``partition_spec`` is not a tuple or list (a bare ``"data"``), has an entry of
+            another kind, an unknown axis name, an index out of range, or a mesh axis twice,
+            or has not one entry per dim of ``t``; or the call is inside a body traced on
+            placeholders (``shard_map``, ``scan_layers``).
+        ValueError: a split dim of a tensor holding data is not a multiple of its number of
+            blocks (jax's check, here; for a tensor with pending work, when its step compiles).
+
+    Example, with 8 devices as a 4 x 2 mesh::
+
+        mesh = irt.Mesh(range(8), (4, 2), ("data", "model"))
+        w = irt.to_lazy(torch.zeros(8, 6))
+        irt.mark_sharding(w, mesh, ("data", None))  # rows in 4 blocks, each on 2 devices
+        irt.mark_sharding(w, mesh, (None, 1))  # axis 1 ("model"): columns in 2 blocks
+        irt.mark_sharding(w, mesh, ("data", "model"))  # 4 x 2 blocks, one per device
+        irt.mark_sharding(w, mesh, (("data", "model"), None))  # rows in 8 blocks, by device
+        irt.mark_sharding(w, mesh, (None, None))  # replicated: every device holds all of w
+        irt.mark_sharding(irt.to_lazy(torch.tensor(2.0)), mesh, ())  # a 0-d tensor
+        irt.mark_sharding(w, mesh, ("data",))  # ShardingError: 1 entry, but w has 2 dims
     """
-    _check_lazy(t, "mark_sharding")
+    check_lazy(t, "mark_sharding")
     _step.no_region("calls mark_sharding (inside a manual region every tensor is one device's)")
     spec = ShardingSpec(mesh, partition_spec)
     spec.check_rank(t.dim(), f"the tensor {tuple(t.shape)}")
@@ -171,7 +214,7 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
 
 def clear_sharding(t) -> LazyTensor:
     """Undo ``mark_sharding``: no annotation on ``t``'s value."""
-    _check_lazy(t, "clear_sharding")
+    check_lazy(t, "clear_sharding")
     _relink_annotated(t, None)
     t._annotate(None)
     return t
@@ -197,7 +240,7 @@ def dump(tensors, format: str = "text") -> str:
 
 def visualize_sharding(t) -> str:
     """A text picture of where ``t``'s data lives (or will, per its annotation)."""
-    _check_lazy(t, "visualize_sharding")
+    check_lazy(t, "visualize_sharding")
     spec = t._where()
     if spec is None:
         return f"{tuple(t.shape)}: not sharded (on one device, or replicated)"

@@ -33,7 +33,7 @@ from ir_runtime._frontend.recording._record import (
     plan_of,
     record,
 )
-from ir_runtime._frontend.recording._tensor import _DATA, LazyTensor, as_value
+from ir_runtime._frontend.recording._tensor import DATA, LazyTensor, as_value
 from ir_runtime._frontend.recording._views import rebind, write_through
 from ir_runtime._lowering import RULES, _registry
 
@@ -45,7 +45,7 @@ _DECOMPOSITIONS = {**decomposition_table, **core_aten_decompositions()}
 _FUNCTIONAL: dict = {}  # OpOverload -> its functional overload (finite: ATen's ops)
 
 
-def _functional(func):
+def functional_of(func):
     """The out-of-place overload of an in-place op (``add_.Tensor`` -> ``add.Tensor``): the
     overload of the op without ``_`` that takes the same arguments, by name and type (overload
     names do not always match: ``pow_.Scalar`` is ``pow.Tensor_Scalar``). Found once per op."""
@@ -120,7 +120,7 @@ def _signature(x):
 def _inplace(func, args, kwargs):
     if "out" in kwargs:
         return _out_variant(func, args, kwargs)
-    functional = _functional(func)
+    functional = functional_of(func)
     if functional is None or not isinstance(args[0], LazyTensor):
         raise UnsupportedOpError(
             f"in-place op {func} has no out-of-place form the lazy device can record; "
@@ -137,7 +137,7 @@ def _inplace(func, args, kwargs):
     if func._schema.name in _RESHAPE_IN_PLACE:
         # squeeze_, t_, ...: the tensor's own shape changes (torch's matmul of a 1-D operand
         # squeezes its product in place). ``.data``'s setter swaps in the result's metadata.
-        _DATA.__set__(self, result)
+        DATA.__set__(self, result)
         self._set(result._ir)
         return self
     rebind(self, result._ir)

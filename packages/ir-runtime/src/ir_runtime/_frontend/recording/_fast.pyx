@@ -15,6 +15,10 @@ The live-tensor registry holds weak references without callbacks. Such a referen
 strong reference to anything, so it cannot be part of a reference cycle, and it is taken out
 of the cyclic garbage collector: a traced graph of ten thousand live tensors then costs the
 collector nothing.
+
+Longer than 400 lines, as one extension module: ``torch_dispatch`` reaches the preparation, the
+leaf cache, the origin walk and the live registry C to C (``cdef`` functions and module-level C
+state), which splitting would turn into Python calls across modules on every recorded op.
 """
 
 cimport cython

@@ -3,6 +3,8 @@ reads to the host, aliases, batch norm's running statistics, dropout."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ir_core import DeviceData
@@ -12,7 +14,7 @@ from ir_runtime._frontend.recording._convert import DEVICE, host_numpy, shape_of
 from ir_runtime._frontend.recording._dispatch import special
 from ir_runtime._frontend.recording._record import record
 from ir_runtime._frontend.recording._rng import bernoulli_mask
-from ir_runtime._frontend.recording._tensor import LazyTensor, _ref, add_view, as_value, wrap
+from ir_runtime._frontend.recording._tensor import LazyTensor, add_view, as_value, wrap
 from ir_runtime._frontend.recording._views import rebind, write_through
 from ir_runtime._frontend.steps._step import to_torch
 
@@ -88,7 +90,7 @@ def _same_value(func, args, kwargs):
         # autograd engine saves a result for backward as its detached alias, which would
         # otherwise hold the result (and its graph) alive in a cycle through C++ that no
         # garbage collection sees.
-        out._view = (_ref(args[0]), None, (), {})
+        out._view = (weakref.ref(args[0]), None, (), {})
         add_view(args[0], out)
     return out
 

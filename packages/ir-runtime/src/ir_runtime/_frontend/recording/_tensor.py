@@ -27,7 +27,7 @@ from ir_runtime._frontend.recording._convert import DEVICE, IR_TO_TORCH, host_nu
 from ir_runtime._graph import REPLICATED
 
 _make = torch.Tensor._make_wrapper_subclass
-_DATA = torch._C.TensorBase.data  # torch's own .data descriptor
+DATA = torch._C.TensorBase.data  # torch's own .data descriptor
 _ref = weakref.ref
 _track = _fast.track
 # Every lazy tensor, in creation order (weak references, out of the cyclic collector's sight:
@@ -50,7 +50,7 @@ class LazyTensor(torch.Tensor):
     _view = None
     _views = None  # weak references to the views made of it: a write must refresh them
     # id of the DeviceData it last held (0: none), which a step's result for it may take the
-    # buffer of (_step.Donor): only ever compared with the ids of nodes alive in that step
+    # buffer of (_donation.Donor): only ever compared with the ids of nodes alive in that step
     _held = 0
 
     @staticmethod
@@ -74,14 +74,14 @@ class LazyTensor(torch.Tensor):
 
     @property
     def data(self):
-        return _DATA.__get__(self)
+        return DATA.__get__(self)
 
     @data.setter
     def data(self, new):
         """``t.data = other`` (what ``Module.to(dtype)`` does): torch swaps the metadata, and the
         tensor takes ``other``'s value; a sharding annotation stays when the rank does."""
         value = as_value(new)  # first: a bad value changes nothing
-        _DATA.__set__(self, new)
+        DATA.__set__(self, new)
         self._set(value)
         spec = self._spec
         if spec is not None and spec.rank not in (None, len(value.shape.dims)):

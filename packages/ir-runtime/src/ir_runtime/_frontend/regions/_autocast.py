@@ -75,6 +75,11 @@ _PROMOTE = {
 _ACTIVE: list = []  # the lazy autocast dtype of each region entered, innermost last (None: off)
 
 
+def current():
+    """The dtype lazy autocast casts to now, or None when it is off."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
 def _cast(x, dtype):
     if isinstance(x, LazyTensor) and x.is_floating_point() and x.dtype != dtype:
         return x.to(dtype)

@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ir_core import Generic, Value
 from ir_runtime._frontend.recording import _fast
-from ir_runtime._frontend.recording._api import _check_lazy, mark_sharding
+from ir_runtime._frontend.recording._api import check_lazy, mark_sharding
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
 from ir_runtime._frontend.regions._shard_map import first_order_only
 from ir_sharding import Mesh, ShardingError, ShardingSpec
@@ -55,7 +55,7 @@ def mark_sharding_with_gradients(t, mesh: Mesh, partition_spec) -> LazyTensor:
     """``mark_sharding(t, mesh, partition_spec)``, and the gradient that reaches ``t`` placed
     the same way (module docstring). Returns ``t`` for a leaf; for a tensor with history, the
     tensor to use from here on."""
-    _check_lazy(t, "mark_sharding_with_gradients")
+    check_lazy(t, "mark_sharding_with_gradients")
     spec = ShardingSpec(mesh, partition_spec)
     spec.check_rank(t.dim(), f"the tensor {tuple(t.shape)}")
     mark_sharding(t, mesh, partition_spec)
@@ -94,8 +94,8 @@ class _Alike(torch.autograd.Function):
 
 def shard_as(a, b) -> tuple[LazyTensor, LazyTensor]:
     """``a`` and ``b`` with one placement (module docstring): returns the two tensors to use."""
-    _check_lazy(a, "shard_as")
-    _check_lazy(b, "shard_as")
+    check_lazy(a, "shard_as")
+    check_lazy(b, "shard_as")
     if tuple(a.shape) != tuple(b.shape):
         raise ShardingError(
             f"shard_as places two tensors of one shape alike; got {list(a.shape)} and "

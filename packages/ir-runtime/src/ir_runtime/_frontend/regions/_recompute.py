@@ -112,7 +112,7 @@ class _Recompute:
         self.calls = 0 if forward_first else 1
         # The lazy autocast of the forward, which the recompute runs under again (torch
         # restores only the autocast of device types it knows).
-        self.autocast = _autocast._ACTIVE[-1] if _autocast._ACTIVE else None
+        self.autocast = _autocast.current()
         self.grads: tuple = ()  # the latest gradients reaching the region's results
 
     def saw(self, grads) -> None:

@@ -23,6 +23,10 @@ not split it over: jax's own check, run on the traced body), and a function that
 lazy tensor, writes its inputs (or any other tensor) in place, reads a value to the host or
 calls ``mark_step``. What the trace records on its placeholders is never live: no step
 computes it, even when an exception's traceback or an attribute keeps it.
+
+Longer than 400 lines, as one module: the collectives exist only inside the region
+``shard_map`` is tracing, and they read its state (``_REGIONS``: the mesh and its axis sizes)
+and share its axis checks and shape arithmetic; apart, that state would cross modules.
 """
 
 from __future__ import annotations

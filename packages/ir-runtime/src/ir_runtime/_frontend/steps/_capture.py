@@ -1,7 +1,7 @@
 """``compile_step``: a training step traced like any other, then replayed without its Python.
 
-This module decides when to trace and when to replay; ``_trace`` traces one call into a plan,
-``_plan`` replays it, ``_guards`` holds the checks a replay makes first.
+This module decides when to trace and when to replay; ``_trace`` traces one call into a
+``Replay`` (``_replay``), which runs it again; ``_guards`` holds the checks a replay makes first.
 
 Tracing a step runs torch's dispatcher, autograd engine and optimizer for every op, every step:
 on a small model that costs more than the program it records. A compiled step is traced on its

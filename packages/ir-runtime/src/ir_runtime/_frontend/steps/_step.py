@@ -185,7 +185,7 @@ def materialize(t: LazyTensor) -> DeviceData:
         _metrics.count("HostRead")
         _metrics.count("HostReadTensors", len(tensors))
         if _debug.DEBUG[0]:
-            _debug.host_read(_debug._shape_text(t._ir.shape), _fast.origin(), len(tensors))
+            _debug.host_read(_debug.shape_text(t._ir.shape), _fast.origin(), len(tensors))
         if len(tensors) < len(busy):  # what the others will still read is not donated
             chosen = {id(u) for u in tensors}
             rest = [u._ir for u in busy if id(u) not in chosen]

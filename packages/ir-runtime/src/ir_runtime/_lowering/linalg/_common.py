@@ -15,27 +15,27 @@ from ir_runtime._lowering._registry import out_dims, out_dtype
 _PRECISION = lax.Precision.HIGHEST
 
 
-def _mT(x):
+def mT(x):
     return jnp.swapaxes(x, -1, -2)
 
 
-def _mH(x):
+def mH(x):
     return jnp.conj(jnp.swapaxes(x, -1, -2))
 
 
-def _matmul(a, b):
+def matmul(a, b):
     return jnp.matmul(a, b, precision=_PRECISION)
 
 
-def _is_complex(x) -> bool:
+def is_complex(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.complexfloating)
 
 
-def _real_dtype(dtype):
+def real_dtype(dtype):
     return jnp.finfo(dtype).dtype
 
 
-def _batch_to(x, batch: tuple, core: int = 2):
+def batch_to(x, batch: tuple, core: int = 2):
     """``x`` broadcast to batch dims ``batch`` (its last ``core`` dims kept)."""
     return jnp.broadcast_to(x, tuple(batch) + tuple(x.shape[x.ndim - core :]))
 
@@ -45,11 +45,11 @@ def _empty(node, k: int):
     return jnp.zeros(out_dims(node, k), out_dtype(node, k))
 
 
-def _eye_like(n: int, batch: tuple, dtype):
+def eye_like(n: int, batch: tuple, dtype):
     return jnp.broadcast_to(jnp.eye(n, dtype=dtype), (*tuple(batch), n, n))
 
 
-def _refuse_check_errors(node, op: str):
+def refuse_check_errors(node, op: str):
     if node.attrs["check_errors"]:
         raise NotImplementedError(
             f"{op}(check_errors=True) would raise on the host when the factorization fails, "
@@ -58,24 +58,24 @@ def _refuse_check_errors(node, op: str):
         )
 
 
-def _hermitian_from(x, lower: bool):
+def hermitian_from(x, lower: bool):
     """The Hermitian matrix LAPACK reads from one triangle of ``x`` (the diagonal's imaginary
     part ignored), the other triangle not read at all."""
     t = jnp.tril(x, -1) if lower else jnp.triu(x, 1)
     d = jnp.diagonal(x, axis1=-2, axis2=-1)
-    if _is_complex(x):
+    if is_complex(x):
         d = jnp.real(d).astype(x.dtype)
     n = x.shape[-1]
     eye = jnp.eye(n, dtype=bool)
-    return jnp.where(eye, d[..., None, :], t + _mH(t))
+    return jnp.where(eye, d[..., None, :], t + mH(t))
 
 
-def _tri_solve(a, b, *, lower: bool, left: bool = True, unit: bool = False, trans: str = "N"):
+def tri_solve(a, b, *, lower: bool, left: bool = True, unit: bool = False, trans: str = "N"):
     """``op(a) x = b`` (left) or ``x op(a) = b`` (right), op in N, T (transpose) or C
     (conjugate transpose); the batch dims of ``a`` and ``b`` broadcast."""
     batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a = _batch_to(a, batch)
-    b = _batch_to(b, batch)
+    a = batch_to(a, batch)
+    b = batch_to(b, batch)
     dtype = jnp.result_type(a.dtype, b.dtype)
     if a.shape[-1] == 0 or b.shape[-1] == 0 or b.shape[-2] == 0:
         return jnp.zeros(b.shape, dtype)
@@ -90,14 +90,14 @@ def _tri_solve(a, b, *, lower: bool, left: bool = True, unit: bool = False, tran
     )
 
 
-def _is_vector_rhs(a_shape, b_shape) -> bool:
+def is_vector_rhs(a_shape, b_shape) -> bool:
     """torch's linalg_solve_is_vector_rhs."""
     return len(b_shape) == 1 or (
         len(a_shape) - 1 == len(b_shape) and tuple(b_shape) == tuple(a_shape[:-1])
     )
 
 
-def _batched(fn, core_ndims: tuple, *args):
+def batched(fn, core_ndims: tuple, *args):
     """``fn`` on one matrix (each argument with ``core_ndims`` dims), vmapped over the leading
     dims of ``args`` (the same batch for all)."""
     batch = args[0].shape[: args[0].ndim - core_ndims[0]]

@@ -11,17 +11,17 @@ from jax.lax import linalg as lax_linalg
 
 from ir_runtime._lowering._registry import out_dims, out_dtype, register
 from ir_runtime._lowering.linalg._common import (
-    _batch_to,
     _empty,
-    _eye_like,
-    _hermitian_from,
-    _is_complex,
-    _is_vector_rhs,
-    _matmul,
-    _mH,
-    _mT,
-    _refuse_check_errors,
-    _tri_solve,
+    batch_to,
+    eye_like,
+    hermitian_from,
+    is_complex,
+    is_vector_rhs,
+    matmul,
+    mH,
+    mT,
+    refuse_check_errors,
+    tri_solve,
 )
 
 
@@ -57,21 +57,21 @@ def _lu_solve(lu, pivots, b, *, left: bool, adjoint: bool):
     """``A x = b`` (or ``A^H x = b``; or ``x A = b``, ``x A^H = b`` when not ``left``) for
     ``A = P L U`` given as getrf's LU and 1-based pivots; batch dims broadcast."""
     if not left:
-        return _mH(_lu_solve(lu, pivots, _mH(b), left=True, adjoint=not adjoint))
+        return mH(_lu_solve(lu, pivots, mH(b), left=True, adjoint=not adjoint))
     n = lu.shape[-1]
     batch = jnp.broadcast_shapes(lu.shape[:-2], b.shape[:-2])
     dtype = jnp.result_type(lu.dtype, b.dtype)
-    lu = _batch_to(lu, batch).astype(dtype)
-    b = _batch_to(b, batch).astype(dtype)
+    lu = batch_to(lu, batch).astype(dtype)
+    b = batch_to(b, batch).astype(dtype)
     if n == 0 or b.shape[-1] == 0:
         return b
-    perm = _batch_to(_pivots_to_perm(pivots, n), batch, core=1)
+    perm = batch_to(_pivots_to_perm(pivots, n), batch, core=1)
     if not adjoint:
         y = _permute_rows(b, perm)
-        y = _tri_solve(lu, y, lower=True, unit=True)
-        return _tri_solve(lu, y, lower=False)
-    y = _tri_solve(lu, b, lower=False, trans="C")
-    y = _tri_solve(lu, y, lower=True, unit=True, trans="C")
+        y = tri_solve(lu, y, lower=True, unit=True)
+        return tri_solve(lu, y, lower=False)
+    y = tri_solve(lu, b, lower=False, trans="C")
+    y = tri_solve(lu, y, lower=True, unit=True, trans="C")
     return _permute_rows(y, jnp.argsort(perm, axis=-1))
 
 
@@ -85,7 +85,7 @@ def _det_p(pivots):
 def _uses_transpose(a) -> bool:
     """Whether torch factors ``A.mT`` for ``A`` (a contiguous real matrix; lazy tensors are
     contiguous)."""
-    return not _is_complex(a)
+    return not is_complex(a)
 
 
 # -- Cholesky ----------------------------------------------------------------------------------
@@ -123,20 +123,20 @@ def _cholesky_info(h):
 
 def _cholesky(a, upper: bool):
     """(factor, info): the lower (or upper) Cholesky factor from that triangle of ``a``."""
-    x = _mH(a) if upper else a
-    h = _hermitian_from(x, lower=True)
+    x = mH(a) if upper else a
+    h = hermitian_from(x, lower=True)
     batch = a.shape[:-2]
     if a.shape[-1] == 0:
         return a, jnp.zeros(batch, jnp.int32)
     low = jnp.tril(lax_linalg.cholesky(h, symmetrize_input=False))
     failed = jnp.any(jnp.isnan(low))
     info = lax.cond(failed, _cholesky_info, lambda h: jnp.zeros(batch, jnp.int32), h)
-    return (_mH(low) if upper else low), info
+    return (mH(low) if upper else low), info
 
 
 @register("aten::linalg_cholesky_ex.default")
 def _linalg_cholesky_ex(node, a):
-    _refuse_check_errors(node, "linalg_cholesky_ex")
+    refuse_check_errors(node, "linalg_cholesky_ex")
     factor, info = _cholesky(a, node.attrs["upper"])
     return factor.astype(out_dtype(node, 0)), info
 
@@ -153,13 +153,13 @@ def _cholesky_inverse(node, factor):
     triangle."""
     upper = node.attrs["upper"]
     n = factor.shape[-1]
-    eye = _eye_like(n, factor.shape[:-2], factor.dtype)
+    eye = eye_like(n, factor.shape[:-2], factor.dtype)
     if upper:
-        inv = _tri_solve(factor, eye, lower=False)  # U^-1
-        out = _matmul(inv, _mH(inv))
+        inv = tri_solve(factor, eye, lower=False)  # U^-1
+        out = matmul(inv, mH(inv))
     else:
-        inv = _tri_solve(factor, eye, lower=True)  # L^-1
-        out = _matmul(_mH(inv), inv)
+        inv = tri_solve(factor, eye, lower=True)  # L^-1
+        out = matmul(mH(inv), inv)
     return out.astype(out_dtype(node))
 
 
@@ -168,11 +168,11 @@ def _cholesky_solve(node, b, factor):
     """``A x = b`` with ``A = L L^H`` (or ``U^H U``); batch dims broadcast."""
     upper = node.attrs["upper"]
     if upper:
-        y = _tri_solve(factor, b, lower=False, trans="C")
-        x = _tri_solve(factor, y, lower=False)
+        y = tri_solve(factor, b, lower=False, trans="C")
+        x = tri_solve(factor, y, lower=False)
     else:
-        y = _tri_solve(factor, b, lower=True)
-        x = _tri_solve(factor, y, lower=True, trans="C")
+        y = tri_solve(factor, b, lower=True)
+        x = tri_solve(factor, y, lower=True, trans="C")
     return x.astype(out_dtype(node))
 
 
@@ -181,7 +181,7 @@ def _cholesky_solve(node, b, factor):
 
 @register("aten::linalg_solve_triangular.default")
 def _linalg_solve_triangular(node, a, b):
-    x = _tri_solve(
+    x = tri_solve(
         a,
         b,
         lower=not node.attrs["upper"],
@@ -195,7 +195,7 @@ def _linalg_solve_triangular(node, a, b):
 def _triangular_solve(node, b, a):
     """(solution, the coefficient matrix broadcast): ``op(A) X = B``, op the plain transpose
     when ``transpose`` (not the conjugate one, as torch)."""
-    x = _tri_solve(
+    x = tri_solve(
         a,
         b,
         lower=not node.attrs["upper"],
@@ -220,7 +220,7 @@ def _refuse_no_pivot(node, op: str):
 @register("aten::linalg_lu_factor_ex.default")
 def _linalg_lu_factor_ex(node, a):
     _refuse_no_pivot(node, "linalg_lu_factor_ex")
-    _refuse_check_errors(node, "linalg_lu_factor_ex")
+    refuse_check_errors(node, "linalg_lu_factor_ex")
     lu, pivots, info = _lu_factor(a)
     return lu.astype(out_dtype(node, 0)), pivots, info
 
@@ -270,7 +270,7 @@ def _solve_ex(a, b, left: bool):
     """torch's _linalg_solve_ex: (X, LU, pivots, info), LU that of ``A`` itself (its backward
     solves the adjoint system with it)."""
     lu, pivots, info = _lu_factor(a)
-    vector = _is_vector_rhs(lu.shape, b.shape)
+    vector = is_vector_rhs(lu.shape, b.shape)
     b_ = b[..., None] if vector else b
     x = _lu_solve(lu, pivots, b_, left=left, adjoint=False)
     if vector:
@@ -280,7 +280,7 @@ def _solve_ex(a, b, left: bool):
 
 @register("aten::_linalg_solve_ex.default")
 def _linalg_solve_ex(node, a, b):
-    _refuse_check_errors(node, "linalg_solve_ex")
+    refuse_check_errors(node, "linalg_solve_ex")
     x, lu, pivots, info = _solve_ex(a, b, node.attrs["left"])
     return (
         jnp.broadcast_to(x, out_dims(node, 0)).astype(out_dtype(node, 0)),
@@ -293,8 +293,8 @@ def _linalg_solve_ex(node, a, b):
 @register("aten::linalg_inv_ex.default")
 def _linalg_inv_ex(node, a):
     """torch's: ``solve_ex(A, I)``."""
-    _refuse_check_errors(node, "linalg_inv_ex")
-    eye = _eye_like(a.shape[-1], a.shape[:-2], a.dtype)
+    refuse_check_errors(node, "linalg_inv_ex")
+    eye = eye_like(a.shape[-1], a.shape[:-2], a.dtype)
     x, _, _, info = _solve_ex(a, eye, True)
     return x.astype(out_dtype(node, 0)), info
 
@@ -302,7 +302,7 @@ def _linalg_inv_ex(node, a):
 @register("aten::_linalg_det.default")
 def _linalg_det(node, a):
     """(det, LU, pivots): LU of ``A.mT`` for real ``A``, as torch."""
-    lu, pivots, _ = _lu_factor(_mT(a) if _uses_transpose(a) else a)
+    lu, pivots, _ = _lu_factor(mT(a) if _uses_transpose(a) else a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     det = _det_p(pivots).astype(lu.dtype) * jnp.prod(diag, axis=-1)
     return det.astype(out_dtype(node, 0)), lu.astype(out_dtype(node, 1)), pivots
@@ -312,10 +312,10 @@ def _linalg_det(node, a):
 def _linalg_slogdet(node, a):
     """(sign, log|det|, LU, pivots), as torch: the sign from the product of the signs of U's
     diagonal (0 for a singular matrix, whose log|det| is -inf)."""
-    lu, pivots, _ = _lu_factor(_mT(a) if _uses_transpose(a) else a)
+    lu, pivots, _ = _lu_factor(mT(a) if _uses_transpose(a) else a)
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     absdiag = jnp.abs(diag)
-    if _is_complex(lu):
+    if is_complex(lu):
         sgn = jnp.where(absdiag == 0, 0, diag / jnp.where(absdiag == 0, 1, absdiag))
     else:
         sgn = jnp.sign(diag)

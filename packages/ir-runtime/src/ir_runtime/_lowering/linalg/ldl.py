@@ -14,13 +14,13 @@ from jax import lax
 
 from ir_runtime._lowering._registry import out_dtype, register
 from ir_runtime._lowering.linalg._common import (
-    _batch_to,
-    _batched,
     _empty,
-    _hermitian_from,
-    _is_complex,
-    _real_dtype,
-    _refuse_check_errors,
+    batch_to,
+    batched,
+    hermitian_from,
+    is_complex,
+    real_dtype,
+    refuse_check_errors,
 )
 
 _BK_ALPHA = (1 + np.sqrt(17.0)) / 8
@@ -29,9 +29,9 @@ _BK_ALPHA = (1 + np.sqrt(17.0)) / 8
 def _ldl_factor_one(a, hermitian: bool):
     n = a.shape[-1]
     dtype = a.dtype
-    cplx = _is_complex(a)
+    cplx = is_complex(a)
     cj = jnp.conj if hermitian else (lambda x: x)
-    rdt = _real_dtype(dtype)
+    rdt = real_dtype(dtype)
     idx = jnp.arange(n)
     ii, jj = idx[:, None], idx[None, :]
 
@@ -50,7 +50,7 @@ def _ldl_factor_one(a, hermitian: bool):
             out = jnp.where(ii == jj, jnp.real(out).astype(dtype), out)
         return out
 
-    w0 = _hermitian_from(a, lower=True) if hermitian else jnp.tril(a) + jnp.tril(a, -1).T
+    w0 = hermitian_from(a, lower=True) if hermitian else jnp.tril(a) + jnp.tril(a, -1).T
     zero = jnp.zeros((), rdt)
 
     def body(state):
@@ -139,11 +139,11 @@ def _ldl_factor_one(a, hermitian: bool):
 
 @register("aten::linalg_ldl_factor_ex.default")
 def _linalg_ldl_factor_ex(node, a):
-    _refuse_check_errors(node, "linalg_ldl_factor_ex")
-    hermitian = node.attrs["hermitian"] and _is_complex(a)
+    refuse_check_errors(node, "linalg_ldl_factor_ex")
+    hermitian = node.attrs["hermitian"] and is_complex(a)
     if a.shape[-1] == 0:
         return a.astype(out_dtype(node, 0)), _empty(node, 1), _empty(node, 2)
-    ld, ipiv, info = _batched(lambda x: _ldl_factor_one(x, hermitian), (2,), a)
+    ld, ipiv, info = batched(lambda x: _ldl_factor_one(x, hermitian), (2,), a)
     return ld.astype(out_dtype(node, 0)), ipiv, info
 
 
@@ -214,12 +214,12 @@ def _ldl_solve_one(ld, ipiv, b, hermitian: bool):
 
 @register("aten::linalg_ldl_solve.default")
 def _linalg_ldl_solve(node, ld, pivots, b):
-    hermitian = node.attrs["hermitian"] and _is_complex(ld)
+    hermitian = node.attrs["hermitian"] and is_complex(ld)
     batch = jnp.broadcast_shapes(ld.shape[:-2], pivots.shape[:-1], b.shape[:-2])
     dtype = out_dtype(node)
-    ld = _batch_to(ld, batch).astype(dtype)
-    pivots = _batch_to(pivots, batch, core=1)
-    b = _batch_to(b, batch).astype(dtype)
+    ld = batch_to(ld, batch).astype(dtype)
+    pivots = batch_to(pivots, batch, core=1)
+    b = batch_to(b, batch).astype(dtype)
     if ld.shape[-1] == 0 or b.shape[-1] == 0:
         return b
-    return _batched(lambda f, p, x: _ldl_solve_one(f, p, x, hermitian), (2, 1, 2), ld, pivots, b)
+    return batched(lambda f, p, x: _ldl_solve_one(f, p, x, hermitian), (2, 1, 2), ld, pivots, b)

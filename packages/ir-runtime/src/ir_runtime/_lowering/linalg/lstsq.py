@@ -11,14 +11,14 @@ from jax.lax import linalg as lax_linalg
 
 from ir_runtime._lowering._registry import out_dtype, register
 from ir_runtime._lowering.linalg._common import (
-    _batch_to,
-    _batched,
     _empty,
-    _is_vector_rhs,
-    _matmul,
-    _mH,
-    _real_dtype,
-    _tri_solve,
+    batch_to,
+    batched,
+    is_vector_rhs,
+    matmul,
+    mH,
+    real_dtype,
+    tri_solve,
 )
 
 
@@ -167,12 +167,12 @@ def _gelsy_one(a, b, rcond, eps):
     q, r, perm = lax_linalg.qr(a, pivoting=True, full_matrices=False)  # a[:, perm] = q r
     rank = _gelsy_rank(r, rcond, eps)
     rows = jnp.arange(k)
-    c = jnp.where((rows < rank)[:, None], _matmul(_mH(q), b), 0)  # (Q^H b)[:rank]
+    c = jnp.where((rows < rank)[:, None], matmul(mH(q), b), 0)  # (Q^H b)[:rank]
     top = jnp.where((rows < rank)[:, None], r, 0)  # [R11 R12] in the first rank rows
     # [R11 R12] = T^H Z^H from the QR of its transpose; the rows past the rank get identity.
-    z, t = jnp.linalg.qr(_mH(top), mode="reduced")  # (n, k), (k, k)
+    z, t = jnp.linalg.qr(mH(top), mode="reduced")  # (n, k), (k, k)
     t = t + jnp.diag(jnp.where(rows < rank, 0, 1).astype(t.dtype))
-    y = _matmul(z, _tri_solve(t, c, lower=False, trans="C"))  # (n, nrhs), pivoted order
+    y = matmul(z, tri_solve(t, c, lower=False, trans="C"))  # (n, nrhs), pivoted order
     x = jnp.zeros_like(y).at[perm].set(y)
     return x, rank
 
@@ -199,14 +199,14 @@ def _linalg_lstsq(node, a, b):
             "linalg_lstsq(driver='gelsy') of a complex matrix: LAPACK's complex rank estimate "
             "is not implemented on the lazy device; use driver='gelsd' (or 'gels', full rank)"
         )
-    vector = _is_vector_rhs(a.shape, b.shape)
+    vector = is_vector_rhs(a.shape, b.shape)
     b_ = b[..., None] if vector else b
     batch = jnp.broadcast_shapes(a.shape[:-2], b_.shape[:-2])
-    a_b = _batch_to(a, batch).astype(dtype)
-    b_b = _batch_to(b_, batch).astype(dtype)
+    a_b = batch_to(a, batch).astype(dtype)
+    b_b = batch_to(b_, batch).astype(dtype)
     k = min(m, n)
     rcond = node.attrs["rcond"]
-    real = _real_dtype(dtype)
+    real = real_dtype(dtype)
     if rcond is None:
         rcond = float(jnp.finfo(real).eps) * max(m, n)
     outs = [None, _empty(node, 1), _empty(node, 2), _empty(node, 3)]
@@ -215,20 +215,20 @@ def _linalg_lstsq(node, a, b):
     elif driver == "gels":
         if m >= n:
             q, r = jnp.linalg.qr(a_b, mode="complete")
-            qtb = _matmul(_mH(q), b_b)
-            x = _tri_solve(r[..., :n, :], qtb[..., :n, :], lower=False)
+            qtb = matmul(mH(q), b_b)
+            x = tri_solve(r[..., :n, :], qtb[..., :n, :], lower=False)
             if m > n:
                 res = jnp.sum(jnp.abs(qtb[..., n:, :]) ** 2, axis=-2)
                 outs[1] = res.astype(out_dtype(node, 1))
         else:  # minimum norm: A^H = Q R, x = Q R^-H b
-            q, r = jnp.linalg.qr(_mH(a_b), mode="reduced")
-            x = _matmul(q, _tri_solve(r, b_b, lower=False, trans="C"))
+            q, r = jnp.linalg.qr(mH(a_b), mode="reduced")
+            x = matmul(q, tri_solve(r, b_b, lower=False, trans="C"))
     elif driver == "gelsy":
         eps = jnp.asarray(float(jnp.finfo(real).eps) / 2, real)  # LAPACK's dlamch('E')
         rc = jnp.asarray(rcond, real)
-        x, rank = _batched(lambda p, q: _gelsy_one(p, q, rc, eps), (2, 2), a_b, b_b)
+        x, rank = batched(lambda p, q: _gelsy_one(p, q, rc, eps), (2, 2), a_b, b_b)
         if a.shape[:-2] != batch:  # the rank is A's own, not broadcast against b
-            _, rank = _batched(
+            _, rank = batched(
                 lambda p: _gelsy_one(p, jnp.zeros((m, 1), dtype), rc, eps), (2,), a.astype(dtype)
             )
         outs[2] = rank.astype(out_dtype(node, 2))
@@ -236,7 +236,7 @@ def _linalg_lstsq(node, a, b):
         u, s, vh = jnp.linalg.svd(a_b, full_matrices=False)
         keep = s > rcond * s[..., :1]
         s_inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(dtype)
-        x = _matmul(_mH(vh) * s_inv[..., None, :], _matmul(_mH(u), b_b))
+        x = matmul(mH(vh) * s_inv[..., None, :], matmul(mH(u), b_b))
         # rank and singular values are A's own (not broadcast against b)
         s_a = jnp.linalg.svd(a, compute_uv=False) if a.shape[:-2] != batch else s
         outs[2] = jnp.sum(s_a > rcond * s_a[..., :1], axis=-1).astype(out_dtype(node, 2))

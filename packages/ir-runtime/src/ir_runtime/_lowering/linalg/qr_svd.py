@@ -11,14 +11,14 @@ from jax.lax import linalg as lax_linalg
 
 from ir_runtime._lowering._registry import out_dims, out_dtype, register
 from ir_runtime._lowering.linalg._common import (
-    _batch_to,
     _empty,
-    _eye_like,
-    _hermitian_from,
-    _matmul,
-    _mH,
-    _mT,
-    _real_dtype,
+    batch_to,
+    eye_like,
+    hermitian_from,
+    matmul,
+    mH,
+    mT,
+    real_dtype,
 )
 
 # -- QR and Householder products ---------------------------------------------------------------
@@ -35,7 +35,7 @@ def _linalg_qr(node, a):
         return _empty(node, 0), r.astype(out_dtype(node, 1))
     if min(m, n) == 0:
         k = m if mode == "complete" else 0
-        q = _eye_like(m, a.shape[:-2], a.dtype)[..., :, :k]
+        q = eye_like(m, a.shape[:-2], a.dtype)[..., :, :k]
         return (
             jnp.broadcast_to(q, out_dims(node, 0)).astype(out_dtype(node, 0)),
             jnp.zeros(out_dims(node, 1), out_dtype(node, 1)),
@@ -50,7 +50,7 @@ def _geqrf(node, a):
     if min(a.shape[-2:]) == 0:
         return a.astype(out_dtype(node, 0)), _empty(node, 1)
     h, tau = jnp.linalg.qr(a, mode="raw")
-    return _mT(h).astype(out_dtype(node, 0)), tau.astype(out_dtype(node, 1))
+    return mT(h).astype(out_dtype(node, 0)), tau.astype(out_dtype(node, 1))
 
 
 @register("aten::linalg_householder_product.default")
@@ -63,12 +63,12 @@ def _householder_product(node, a, tau):
             f"tau {list(tau.shape)} at most as many entries as it has columns"
         )
     batch = jnp.broadcast_shapes(a.shape[:-2], tau.shape[:-1])
-    a = _batch_to(a, batch)
-    tau = _batch_to(tau, batch, core=1).astype(a.dtype)
+    a = batch_to(a, batch)
+    tau = batch_to(tau, batch, core=1).astype(a.dtype)
     if n == 0:
         return a.astype(out_dtype(node))
     if k == 0:
-        return _eye_like(m, batch, a.dtype)[..., :n].astype(out_dtype(node))
+        return eye_like(m, batch, a.dtype)[..., :n].astype(out_dtype(node))
     return lax_linalg.householder_product(a, tau).astype(out_dtype(node))
 
 
@@ -78,9 +78,9 @@ def _ormqr(node, a, tau, c):
     reflectors in ``a`` and ``tau``; op the conjugate transpose when ``transpose``."""
     left, transpose = node.attrs["left"], node.attrs["transpose"]
     batch = jnp.broadcast_shapes(a.shape[:-2], tau.shape[:-1], c.shape[:-2])
-    a = _batch_to(a, batch)
-    tau = _batch_to(tau, batch, core=1)
-    c = _batch_to(c, batch)
+    a = batch_to(a, batch)
+    tau = batch_to(tau, batch, core=1)
+    c = batch_to(c, batch)
     dtype = out_dtype(node)
     if tau.shape[-1] == 0 or c.size == 0:
         return c.astype(dtype)
@@ -90,8 +90,8 @@ def _ormqr(node, a, tau, c):
     taus = jnp.zeros((*batch, m), dtype).at[..., :k].set(tau.astype(dtype))
     q = lax_linalg.householder_product(full, taus)
     if transpose:
-        q = _mH(q)
-    return (_matmul(q, c) if left else _matmul(c, q)).astype(dtype)
+        q = mH(q)
+    return (matmul(q, c) if left else matmul(c, q)).astype(dtype)
 
 
 # -- SVD and eigendecompositions ---------------------------------------------------------------
@@ -113,8 +113,8 @@ def _linalg_svd(node, a):
         s = jnp.zeros(out_dims(node, 1), out_dtype(node, 1))
         if not compute_uv:
             return _empty(node, 0), s, _empty(node, 2)
-        u = _eye_like(m, batch, out_dtype(node, 0))[..., : out_dims(node, 0)[-1]]
-        vh = _eye_like(n, batch, out_dtype(node, 2))[..., : out_dims(node, 2)[-2], :]
+        u = eye_like(m, batch, out_dtype(node, 0))[..., : out_dims(node, 0)[-1]]
+        vh = eye_like(n, batch, out_dtype(node, 2))[..., : out_dims(node, 2)[-2], :]
         return u, s, vh
     if not compute_uv:
         s = jnp.linalg.svd(a, compute_uv=False)
@@ -135,7 +135,7 @@ def _linalg_eigh(node, a):
         w = jnp.zeros(out_dims(node, 0), out_dtype(node, 0))
         v = jnp.zeros(out_dims(node, 1), out_dtype(node, 1))
         return w, v
-    h = _hermitian_from(a, lower)
+    h = hermitian_from(a, lower)
     v, w = lax_linalg.eigh(h, lower=lower, symmetrize_input=False)
     w = w.astype(out_dtype(node, 0))
     if not node.attrs["compute_v"]:
@@ -194,24 +194,24 @@ def _linalg_pinv(node, a, atol, rtol):
     if rtol is not None:
         rtol_ = rtol.astype(jnp.float64)
     else:
-        eps = float(jnp.finfo(_real_dtype(a.dtype)).eps)
+        eps = float(jnp.finfo(real_dtype(a.dtype)).eps)
         default = jnp.asarray(eps * max(m, n), jnp.float64)
         rtol_ = default if atol is None else jnp.where(atol_ > 0, 0.0, default)
     if node.attrs["hermitian"]:
-        h = _hermitian_from(a, lower=True)
+        h = hermitian_from(a, lower=True)
         vecs, s = lax_linalg.eigh(h, lower=True, symmetrize_input=False)
         top = jnp.max(jnp.abs(s), axis=-1, keepdims=True)
         tol = jnp.maximum(atol_[..., None], rtol_[..., None] * top)
         keep = jnp.abs(s).astype(jnp.float64) > tol
         s_inv = jnp.where(keep, 1 / s, 0).astype(a.dtype)
-        out = _matmul(vecs * s_inv[..., None, :], _mH(vecs))
+        out = matmul(vecs * s_inv[..., None, :], mH(vecs))
     else:
         u, s, vh = jnp.linalg.svd(a, full_matrices=False)
         top = s[..., :1]
         tol = jnp.maximum(atol_[..., None], rtol_[..., None] * top)
         keep = s.astype(jnp.float64) > tol
         s_inv = jnp.where(keep, 1 / s, 0).astype(a.dtype)
-        out = _matmul(_mH(vh) * s_inv[..., None, :], _mH(u))
+        out = matmul(mH(vh) * s_inv[..., None, :], mH(u))
     return jnp.broadcast_to(out, out_dims(node)).astype(dtype)
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-def _compute_dtype(dtype):
+def compute_dtype(dtype):
     """torch's opmath type: float64 stays, every other float computes in float32."""
     return jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
 
 
-def _require_float(x, op: str):
+def require_float(x, op: str):
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"{op}: input of dtype {x.dtype} is not supported (floating only)")

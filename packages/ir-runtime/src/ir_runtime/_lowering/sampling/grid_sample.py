@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from ir_runtime._lowering._registry import out_dtype, register
-from ir_runtime._lowering.sampling._common import _compute_dtype, _require_float
-from ir_runtime._lowering.sampling.interpolate import _cubic_coeffs
+from ir_runtime._lowering.sampling._common import compute_dtype, require_float
+from ir_runtime._lowering.sampling.interpolate import cubic_coeffs
 
 _BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
 _ZEROS, _BORDER, _REFLECTION = 0, 1, 2
@@ -70,8 +70,8 @@ def _gs_gather(xt, batch, ints, sizes):
 def _grid_sample(x, grid, mode: int, padding: int, align: bool, op: str):
     """x [N, C, *spatial], grid [N, *out, n] (last entry: x, y(, z) = the last spatial axis
     first) -> [N, C, *out], as torch's CPU grid sampler."""
-    _require_float(x, op)
-    ct = _compute_dtype(jnp.result_type(x.dtype, grid.dtype))
+    require_float(x, op)
+    ct = compute_dtype(jnp.result_type(x.dtype, grid.dtype))
     x, grid = x.astype(ct), grid.astype(ct)
     n = grid.shape[-1]
     sizes = x.shape[2:]
@@ -85,7 +85,7 @@ def _grid_sample(x, grid, mode: int, padding: int, align: bool, op: str):
     raw = [_gs_unnormalize(grid[..., n - 1 - a], sizes[a], align) for a in range(n)]
     if mode == _BICUBIC:
         floors = [jnp.floor(r) for r in raw]
-        wy, wx = (_cubic_coeffs(r - f, -0.75) for r, f in zip(raw, floors, strict=True))
+        wy, wx = (cubic_coeffs(r - f, -0.75) for r, f in zip(raw, floors, strict=True))
         rows = []
         for i in range(4):
             yi = _gs_coordinates(floors[0] - 1 + i, sizes[0], padding, align)
@@ -128,7 +128,7 @@ def _grid_sampler_backward(node, grad, x, grid):
     false (the grid's is always there)."""
     a = node.attrs
     args = (a["interpolation_mode"], a["padding_mode"], a["align_corners"], node.op)
-    ct = _compute_dtype(x.dtype)
+    ct = compute_dtype(x.dtype)
     _, vjp = jax.vjp(lambda v, g: _grid_sample(v, g, *args), x.astype(ct), grid.astype(ct))
     gx, gg = vjp(grad.astype(ct))
     if len(node.shapes) == 1:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ir_runtime._lowering._registry import out_dtype, register
-from ir_runtime._lowering.sampling._common import _compute_dtype, _require_float
+from ir_runtime._lowering.sampling._common import compute_dtype, require_float
 
 
 def _scales_value(scale, n_in: int, n_out: int, ft):
@@ -51,7 +51,7 @@ def _cc2(x, a):
     return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
 
 
-def _cubic_coeffs(t, a):
+def cubic_coeffs(t, a):
     """torch's ``get_cubic_upsample_coefficients`` (works on NumPy and JAX arrays)."""
     x2 = 1 - t
     return [_cc2(t + 1, a), _cc1(t, a), _cc1(x2, a), _cc2(x2 + 1, a)]
@@ -100,7 +100,7 @@ def _taps(kind: str, n_in: int, n_out: int, align: bool, scale, ft, forward: boo
         return np.stack([idx0, idx1], 1), np.stack([ft(1) - lam, lam], 1).astype(ft)
     if kind == "cubic":
         idx0, t = _guard(_source_index(s, n_out, align, True, ft), n_in, ft)
-        w = np.stack(_cubic_coeffs(t, ft(-0.75)), 1).astype(ft)
+        w = np.stack(cubic_coeffs(t, ft(-0.75)), 1).astype(ft)
         idx = np.clip(idx0[:, None] + np.arange(-1, 3)[None, :], 0, n_in - 1)
         return idx, w
     # Antialiased (separable, as Pillow): torch's _compute_indices_min_size_weights_aa.
@@ -139,9 +139,9 @@ def _resample(kind: str, x, out_sizes, align: bool, scales, op: str, forward: bo
     """x [N, C, *spatial] resampled to ``out_sizes`` one spatial axis at a time."""
     n = len(out_sizes)
     if kind not in ("nearest", "nearest_exact"):
-        _require_float(x, op)
-        x = x.astype(_compute_dtype(x.dtype))
-    ft = np.dtype(_compute_dtype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else "f4")
+        require_float(x, op)
+        x = x.astype(compute_dtype(x.dtype))
+    ft = np.dtype(compute_dtype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else "f4")
     for a in range(n):
         axis = x.ndim - n + a
         idx, w = _taps(kind, x.shape[axis], out_sizes[a], align, scales[a], ft.type, forward)
@@ -172,7 +172,7 @@ def _upsample_rules(kind: str, forward: str, backward: str, n: int, has_align: b
     @register(backward)
     def rule_backward(node, grad):
         size, align, scales = attrs(node)
-        ct = _compute_dtype(grad.dtype)
+        ct = compute_dtype(grad.dtype)
         if kind == "cubic" and tuple(node.attrs["input_size"][2:]) == size:
             # torch's bicubic backward copies when no size changes, though its forward still
             # applies a given scale there: the gradient torch gives.

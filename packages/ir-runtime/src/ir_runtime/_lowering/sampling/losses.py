@@ -10,7 +10,7 @@ import numpy as np
 from jax import lax
 
 from ir_runtime._lowering._registry import out_dims, out_dtype, register
-from ir_runtime._lowering.sampling._common import _compute_dtype, _require_float
+from ir_runtime._lowering.sampling._common import compute_dtype, require_float
 
 _NEG_INF = -np.inf
 
@@ -26,7 +26,7 @@ class _Ctc:
         a = node.attrs
         if log_probs.ndim != 3:
             raise ValueError("_ctc_loss: log_probs must be 3-D (T, N, C)")
-        _require_float(log_probs, "_ctc_loss")
+        require_float(log_probs, "_ctc_loss")
         T, N, C = log_probs.shape
         self.blank = blank = a["blank"]
         self.in_lens = in_lens = np.asarray(a["input_lengths"], np.int64).reshape(-1)
@@ -60,7 +60,7 @@ class _Ctc:
         if L:
             lprime = lprime.at[:, 1::2].set(tg)
         self.lprime = lprime
-        self.ct = ct = _compute_dtype(log_probs.dtype)
+        self.ct = ct = compute_dtype(log_probs.dtype)
         self.lp = log_probs.astype(ct)
         self.lp_ext = jnp.take_along_axis(
             self.lp, jnp.broadcast_to(lprime[None], (T, N, S)), axis=2
@@ -217,7 +217,7 @@ def _multi_margin(x, target, p, margin, weight, reduction, shape):
 @register("aten::multi_margin_loss.default")
 def _multi_margin_loss(node, x, target, weight):
     a = node.attrs
-    _require_float(x, "multi_margin_loss")
+    require_float(x, "multi_margin_loss")
     dt = out_dtype(node)
     return _multi_margin(
         x.astype(dt), target, a["p"], a["margin"], weight, a["reduction"], out_dims(node)
@@ -254,7 +254,7 @@ def _multilabel_margin(x, target, reduction, shape):
 
 @register("aten::multilabel_margin_loss_forward.default")
 def _multilabel_margin_loss(node, x, target):
-    _require_float(x, "multilabel_margin_loss")
+    require_float(x, "multilabel_margin_loss")
     dt = out_dtype(node)
     loss, is_target = _multilabel_margin(
         x.astype(dt), target, node.attrs["reduction"], out_dims(node)

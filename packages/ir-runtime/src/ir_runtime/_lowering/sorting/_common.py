@@ -1,6 +1,6 @@
 """What the family's rules share: keys (integers in torch's order: NaN above everything, every NaN
-equal, -0.0 == 0.0), rows (a dim moved last, as (rows, n)), the stable sort, and IEEE
-division.
+equal, -0.0 == 0.0), rows (a dim moved last, as (rows, n)) and the stable sort. IEEE division
+(``ieee_div``) is every family's, in ``_registry``.
 """
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-_I32 = jnp.int32
+I32 = jnp.int32
 
 
-def _is_float(x) -> bool:
+def is_float(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.floating)
 
 
-def _check_real(op: str, x) -> None:
+def check_real(op: str, x) -> None:
     if jnp.issubdtype(x.dtype, jnp.complexfloating):
         raise ValueError(f"{op}: complex input ({x.dtype}) is not supported (torch refuses it too)")
 
@@ -25,7 +25,7 @@ def _key(x, nan_low: bool = False):
     ``nan_low``), all NaNs equal, -0.0 equal to 0.0. Integers are their own key."""
     if x.dtype == jnp.bool_:
         return x.astype(jnp.int8)
-    if not _is_float(x):
+    if not is_float(x):
         return x
     it = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[x.dtype.itemsize]
     big = jnp.iinfo(it).max
@@ -35,41 +35,35 @@ def _key(x, nan_low: bool = False):
     return jnp.where(jnp.isnan(x), jnp.asarray(jnp.iinfo(it).min if nan_low else big, it), k)
 
 
-def _negative_zero(x):
+def negative_zero(x):
     """Whether ``x`` holds a -0.0 anywhere (a tie whose order shows in the values)."""
-    if not _is_float(x):
+    if not is_float(x):
         return jnp.asarray(False)
     return jnp.any((x == 0) & jnp.signbit(x))
 
 
-def _to_rows(x, axis: int):
+def to_rows(x, axis: int):
     """``x`` with ``axis`` last, as (rows, n), and the shape to go back."""
     moved = jnp.moveaxis(x, axis, -1)
     return moved.reshape(-1, moved.shape[-1]), moved.shape
 
 
-def _from_rows(r, shape, axis: int):
+def from_rows(r, shape, axis: int):
     return jnp.moveaxis(r.reshape(shape[:-1] + r.shape[-1:]), -1, axis)
 
 
 def _stable(s, *rest, axis=-1):
     """Stable ascending sort of ``s`` along ``axis``, carrying ``rest`` along."""
-    iota = lax.broadcasted_iota(_I32, s.shape, axis if axis >= 0 else s.ndim + axis)
+    iota = lax.broadcasted_iota(I32, s.shape, axis if axis >= 0 else s.ndim + axis)
     out = lax.sort(
         (s, iota, *rest), dimension=axis if axis >= 0 else s.ndim + axis, num_keys=1, is_stable=True
     )
     return out
 
 
-def _lg(n: int) -> int:
+def lg(n: int) -> int:
     return n.bit_length() - 1
 
 
-def _take(x, idx, axis):
+def take(x, idx, axis):
     return jnp.take_along_axis(x, idx, axis=axis)
-
-
-def _div(a, b):
-    """``a / b`` as IEEE division: XLA turns a division by a constant into a multiplication by
-    its (rounded) reciprocal, which torch does not; the barrier keeps ``b`` opaque."""
-    return a / lax.optimization_barrier(b)

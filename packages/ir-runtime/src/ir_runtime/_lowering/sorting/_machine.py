@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering.sorting._common import _I32, _lg
+from ir_runtime._lowering.sorting._common import I32, lg
 
 _GATHER = lax.GatherDimensionNumbers(
     offset_dims=(),
@@ -49,7 +49,7 @@ def _put(a, i, v, on):
     )
 
 
-def _cdiv2(a):
+def cdiv2(a):
     """C++'s ``a / 2`` on integers (towards zero)."""
     return lax.div(a, jnp.asarray(2, a.dtype))
 
@@ -59,7 +59,7 @@ def _loop(cond, body, init):
     return lax.while_loop(lambda s: jnp.any(cond(s)), lambda s: body(s, cond(s)), init)
 
 
-class _Machine:
+class Machine:
     def __init__(self, comp):
         self.comp = comp
 
@@ -144,8 +144,8 @@ class _Machine:
             K, P = self.move(K, P, first + hole, first + sc, run)
             return K, P, jnp.where(run, sc, hole), jnp.where(run, sc, second)
 
-        K, P, hole, second = _loop(lambda s: on & (s[3] < _cdiv2(ln - 1)), body, (K, P, hole, hole))
-        tail = on & ((ln & 1) == 0) & (second == _cdiv2(ln - 2))
+        K, P, hole, second = _loop(lambda s: on & (s[3] < cdiv2(ln - 1)), body, (K, P, hole, hole))
+        tail = on & ((ln & 1) == 0) & (second == cdiv2(ln - 2))
         sc = 2 * (second + 1)
         K, P = self.move(K, P, first + hole, first + sc - 1, tail)
         hole = jnp.where(tail, sc - 1, hole)
@@ -191,7 +191,7 @@ class _Machine:
             c = jnp.where(to2, middle, c)
             return K, P, phase, c
 
-        init = (K, P, jnp.where(heap0, 0, 1).astype(_I32), jnp.where(heap0, _cdiv2(ln - 2), middle))
+        init = (K, P, jnp.where(heap0, 0, 1).astype(I32), jnp.where(heap0, cdiv2(ln - 2), middle))
         K, P, _, _ = _loop(cond, body, init)
         return K, P
 
@@ -226,13 +226,13 @@ class _Machine:
     def sort(self, K, P, m: int):
         """``std::sort(first, first + m)``."""
         rows = K.shape[0]
-        zero = jnp.zeros((rows,), _I32)
+        zero = jnp.zeros((rows,), I32)
         if m <= 1:
             return K, P
         if m > 16:
-            depth = 2 * _lg(m)
+            depth = 2 * lg(m)
             size = depth + 3
-            stack = jnp.zeros((rows, size, 3), _I32).at[:, 0].set(jnp.asarray([0, m, depth], _I32))
+            stack = jnp.zeros((rows, size, 3), I32).at[:, 0].set(jnp.asarray([0, m, depth], I32))
             r = jnp.arange(rows)
 
             def body(s, run):
@@ -248,7 +248,7 @@ class _Machine:
                     entry = jnp.stack([lo, hi, d - 1], axis=1)
                     at = jnp.where(part, sp, size)
                     stack = stack.at[r, at].set(entry, mode="drop")
-                    sp = sp + part.astype(_I32)
+                    sp = sp + part.astype(I32)
                 return K, P, stack, sp
 
             K, P, _, _ = _loop(lambda s: s[3] > 0, body, (K, P, stack, zero + 1))
@@ -259,7 +259,7 @@ class _Machine:
         rows, n = K.shape
         if n == 0:
             return K, P
-        zero = jnp.zeros((rows,), _I32)
+        zero = jnp.zeros((rows,), I32)
 
         def body(s, run):
             K, P, f, e, depth, done = s
@@ -272,14 +272,14 @@ class _Machine:
             e = jnp.where(p & (cut > nth), cut, e)
             return K, P, f, e, jnp.where(p, depth - 1, depth), done | h
 
-        init = (K, P, zero, zero + n, zero + 2 * _lg(n), jnp.zeros((rows,), bool))
+        init = (K, P, zero, zero + n, zero + 2 * lg(n), jnp.zeros((rows,), bool))
         K, P, f, e, _, done = _loop(lambda s: ~s[5] & (s[3] - s[2] > 3), body, init)
         return self.insertion_sort(K, P, f, e, ~done)
 
     def partial_sort(self, K, P, k: int):
         """``std::partial_sort(first, first + k, last)``."""
         rows, n = K.shape
-        zero = jnp.zeros((rows,), _I32)
+        zero = jnp.zeros((rows,), I32)
         on = jnp.ones((rows,), bool)
         return self.heap(K, P, zero, zero + k, zero + n, on, sort=True)
 
@@ -287,7 +287,7 @@ class _Machine:
         """torch's ``quick_select_template`` (kthvalue): ``comp`` is its ``gt_or_nan``."""
         gt, n = self.comp, K.shape[1]
         rows = K.shape[0]
-        zero = jnp.zeros((rows,), _I32)
+        zero = jnp.zeros((rows,), I32)
 
         def body(s, run):
             K, P, L, R, done = s
@@ -330,7 +330,7 @@ class _Machine:
         return K, P
 
 
-def _lt(a, b):
+def lt(a, b):
     return a < b
 
 
@@ -338,5 +338,5 @@ def _gt(a, b):
     return a > b
 
 
-def _iota_rows(rows: int, n: int):
-    return jnp.broadcast_to(jnp.arange(n, dtype=_I32), (rows, n))
+def iota_rows(rows: int, n: int):
+    return jnp.broadcast_to(jnp.arange(n, dtype=I32), (rows, n))

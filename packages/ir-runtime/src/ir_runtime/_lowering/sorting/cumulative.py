@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ir_runtime._lowering._registry import norm_dim, out_dtype, register
-from ir_runtime._lowering.sorting._common import _check_real, _key, _take
+from ir_runtime._lowering.sorting._common import _key, check_real, take
 
 # --------------------------------------------------------------------------------------------
 # cummax, cummin
@@ -16,7 +16,7 @@ from ir_runtime._lowering.sorting._common import _check_real, _key, _take
 
 def _cum_extreme(largest: bool):
     def rule(node, x):
-        _check_real("cummax" if largest else "cummin", x)
+        check_real("cummax" if largest else "cummin", x)
         idt = out_dtype(node, 1)
         if x.ndim == 0:
             return x, jnp.zeros((), idt)
@@ -29,7 +29,7 @@ def _cum_extreme(largest: bool):
         run = lax.cummax(k, axis=axis) if largest else lax.cummin(k, axis=axis)
         iota = lax.broadcasted_iota(jnp.int64, x.shape, axis)
         idx = lax.cummax(jnp.where(k == run, iota, -1), axis=axis)
-        return _take(x, idx, axis), idx.astype(idt)
+        return take(x, idx, axis), idx.astype(idt)
 
     return rule
 

@@ -9,8 +9,8 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering._registry import out_dtype, register
-from ir_runtime._lowering.sorting._common import _div, _is_float
+from ir_runtime._lowering._registry import ieee_div, out_dtype, register
+from ir_runtime._lowering.sorting._common import is_float
 
 _HALF = (jnp.float16, jnp.bfloat16)
 
@@ -74,12 +74,12 @@ def _linspace(lo, hi, steps: int, dt):
     if dt in _HALF:
         cd, r = _arith(dt)
         start, end = r(lo.astype(cd)), r(hi.astype(cd))
-        step = r(_div(r(end - start), r(jnp.asarray(steps - 1, cd))))
+        step = r(ieee_div(r(end - start), r(jnp.asarray(steps - 1, cd))))
         up = r(start + r(step * r(i.astype(cd))))
         down = r(end - r(step * r((steps - 1 - i).astype(cd))))
         return jnp.where(i < half, up, down).astype(dt)
     start, end = lo.astype(dt), hi.astype(dt)
-    step = _div(end - start, jnp.asarray(steps - 1, dt))
+    step = ieee_div(end - start, jnp.asarray(steps - 1, dt))
     up = _fma_int(step, i, start, dt)
     down = _fma_int(-step, steps - 1 - i, end, dt)
     return jnp.where(i < half, up, down).astype(dt)
@@ -117,7 +117,7 @@ def _hist(x2, edges, weight, density: bool, how: str):
             pos = _upper_bound(e, elt, jnp.zeros((m,), jnp.int64), jnp.full((m,), nb + 1), nb + 1)
         else:
             ec, lc, rc = elt.astype(cd), left.astype(cd), right.astype(cd)
-            q = r(_div(r(r(ec - lc) * jnp.asarray(nb, cd)), r(rc - lc)))
+            q = r(ieee_div(r(r(ec - lc) * jnp.asarray(nb, cd)), r(rc - lc)))
             pos = jnp.where(keep, q, 0).astype(jnp.int64)
             if how == "local":
                 lo = jnp.maximum(pos - 1, 0)
@@ -133,11 +133,11 @@ def _hist(x2, edges, weight, density: bool, how: str):
     hist = jnp.zeros((total,), dt).at[jnp.where(keep, flat, total)].add(w, mode="drop")
     hist = hist.reshape(sizes)
     if density:
-        hist = _div(hist, jnp.sum(hist))
+        hist = ieee_div(hist, jnp.sum(hist))
         for d, e in enumerate(edges):
             shape = [1] * len(edges)
             shape[d] = sizes[d]
-            hist = _div(hist, (e[1:] - e[:-1]).reshape(shape))
+            hist = ieee_div(hist, (e[1:] - e[:-1]).reshape(shape))
     return hist
 
 
@@ -167,7 +167,7 @@ def _outer_edges(x2, rng, op: str):
 
 
 def _check_hist_input(op: str, x):
-    if not _is_float(x):
+    if not is_float(x):
         raise ValueError(
             f"{op}: input must be floating point (torch's CPU kernel is), got {x.dtype}"
         )

@@ -9,7 +9,7 @@ import torch
 
 from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._lowering._registry import out_dtype, register
-from ir_runtime._lowering.sorting._common import _take
+from ir_runtime._lowering.sorting._common import take
 
 
 def _torch_dtype(dtype):
@@ -40,8 +40,8 @@ def _binary_search(boundaries, values, right: bool, sorter=None):
     def value_at(mid):
         pos = mid
         if sorter is not None:
-            pos = (_take(sorter, mid, -1) if nd else sorter[mid]).astype(jnp.int64)
-        return _take(boundaries, pos, -1) if nd else boundaries[pos]
+            pos = (take(sorter, mid, -1) if nd else sorter[mid]).astype(jnp.int64)
+        return take(boundaries, pos, -1) if nd else boundaries[pos]
 
     for _ in range(n.bit_length()):
         active = start < end

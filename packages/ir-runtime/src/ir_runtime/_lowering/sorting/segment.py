@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering._registry import norm_dim, out_dtype, register
-from ir_runtime._lowering.sorting._common import _div, _is_float, _key
+from ir_runtime._lowering._registry import ieee_div, norm_dim, out_dtype, register
+from ir_runtime._lowering.sorting._common import _key, is_float
 
 _SEGMENT_REDUCTIONS = ("max", "mean", "min", "sum", "prod")
 
@@ -79,7 +79,7 @@ def _segment_reduce(node, data, lengths, indices, offsets):
     op = "segment_reduce"
     if indices is not None:
         raise ValueError(f"{op}: indices are not supported (torch reduces by lengths or offsets)")
-    if not _is_float(data):
+    if not is_float(data):
         raise ValueError(f"{op}: data must be floating point, got {data.dtype}")
     reduce = _reduce_name(op, node.attrs["reduce"])
     initial = node.attrs["initial"]
@@ -91,7 +91,7 @@ def _segment_reduce(node, data, lengths, indices, offsets):
         out = _by_segment(d3, seg, inside, s, "sum", initial)
         if reduce == "mean":  # an empty segment: NaN, or the initial value as it is
             empty = jnp.asarray(jnp.nan, dt) if initial is None else out
-            out = jnp.where(lens3 > 0, _div(out, lens3.astype(dt)), empty)
+            out = jnp.where(lens3 > 0, ieee_div(out, lens3.astype(dt)), empty)
     elif reduce == "prod":
         out = _by_segment(d3, seg, inside, s, "prod", initial)
     else:
@@ -152,14 +152,14 @@ def _segment_reduce_backward(node, grad, output, data, lengths, offsets):
         cp = jnp.take_along_axis(count, jnp.broadcast_to(at, (b, size, inner)), axis=1)
         gi = jnp.where(hit, gp, 0)
         # torch divides by the count only the gradients above 0 (so does this).
-        gi = jnp.where((cp >= 2) & (gi > 0), _div(gi, cp.astype(dt)), gi)
+        gi = jnp.where((cp >= 2) & (gi > 0), ieee_div(gi, cp.astype(dt)), gi)
     elif reduce == "mean":
-        gi = jnp.where(ins, _div(gp, lp.astype(dt)), 0)
+        gi = jnp.where(ins, ieee_div(gp, lp.astype(dt)), 0)
     elif reduce == "sum":
         gi = jnp.where(ins, gp, 0)
     else:  # prod
         special = jnp.isnan(d3) | (d3 == 0)
-        plain = _div(gp * op_, d3)
+        plain = ieee_div(gp * op_, d3)
         pos = jnp.arange(size)
         starts = jnp.take_along_axis(jnp.cumsum(lens, axis=1) - lens, seg, axis=1)
         if offsets is not None:

@@ -12,18 +12,18 @@ from jax import lax
 
 from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
 from ir_runtime._lowering.sorting._common import (
-    _I32,
-    _check_real,
-    _from_rows,
-    _is_float,
+    I32,
     _key,
-    _lg,
-    _negative_zero,
     _stable,
-    _take,
-    _to_rows,
+    check_real,
+    from_rows,
+    is_float,
+    lg,
+    negative_zero,
+    take,
+    to_rows,
 )
-from ir_runtime._lowering.sorting._machine import _cdiv2, _gt, _iota_rows, _lt, _Machine
+from ir_runtime._lowering.sorting._machine import Machine, _gt, cdiv2, iota_rows, lt
 
 # --------------------------------------------------------------------------------------------
 # sort, argsort (torch decomposes it to sort.stable), msort
@@ -43,13 +43,13 @@ def _adjacent_equal(s, axis, upto=None):
 
 def _machine_rows(s, axis, fn):
     """``fn(K, P) -> P`` on the rows of ``s`` along ``axis``; the positions, back in shape."""
-    rows, shape = _to_rows(s, axis)
-    p = fn(rows, _iota_rows(*rows.shape))
-    return _from_rows(p, (*shape[:-1], p.shape[-1]), axis)
+    rows, shape = to_rows(s, axis)
+    p = fn(rows, iota_rows(*rows.shape))
+    return from_rows(p, (*shape[:-1], p.shape[-1]), axis)
 
 
 def _sort(node, x, stable: bool):
-    _check_real("sort", x)
+    check_real("sort", x)
     dt = out_dtype(node, 1)
     if x.ndim == 0:
         return x, jnp.zeros((), dt)
@@ -65,10 +65,10 @@ def _sort(node, x, stable: bool):
         return vals, idx.astype(dt)
 
     def exact():
-        return _machine_rows(s, axis, lambda K, P: _Machine(_lt).sort(K, P, n)[1])
+        return _machine_rows(s, axis, lambda K, P: Machine(lt).sort(K, P, n)[1])
 
     idx = lax.cond(_adjacent_equal(ks, axis), exact, lambda: idx)
-    return _take(x, idx, axis), idx.astype(dt)
+    return take(x, idx, axis), idx.astype(dt)
 
 
 @register("aten::sort.default")
@@ -87,7 +87,7 @@ def _sort_stable(node, x):
 
 @register("aten::topk.default")
 def _topk(node, x):
-    _check_real("topk", x)
+    check_real("topk", x)
     k, largest, srt = node.attrs["k"], node.attrs["largest"], node.attrs["sorted"]
     vdt, idt = out_dtype(node, 0), out_dtype(node, 1)
     shape_v = out_dims(node, 0)
@@ -106,11 +106,11 @@ def _topk(node, x):
 
     def exact():
         def fn(K, P):
-            m = _Machine(_lt)
+            m = Machine(lt)
             if partial:
                 K, P = m.partial_sort(K, P, k)
             else:
-                K, P = m.nth_element(K, P, jnp.full((K.shape[0],), k - 1, _I32))
+                K, P = m.nth_element(K, P, jnp.full((K.shape[0],), k - 1, I32))
                 if srt:
                     K, P = m.sort(K, P, k - 1)
             return P[:, :k]
@@ -126,7 +126,7 @@ def _topk(node, x):
     else:
         # Sorted: the result is unique unless two of the first k + 1 tie.
         out = lax.cond(_adjacent_equal(ks, axis, upto=k), exact, lambda: fast)
-    return _take(xr, out, axis).reshape(shape_v), out.astype(idt).reshape(shape_v)
+    return take(xr, out, axis).reshape(shape_v), out.astype(idt).reshape(shape_v)
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def _keep(a, axis, keepdim):
 
 @register("aten::kthvalue.default")
 def _kthvalue(node, x):
-    _check_real("kthvalue", x)
+    check_real("kthvalue", x)
     k, keepdim = node.attrs["k"], node.attrs["keepdim"]
     idt = out_dtype(node, 1)
     if x.ndim == 0:
@@ -156,7 +156,7 @@ def _kthvalue(node, x):
 
     def exact():
         def fn(K, P):
-            return _Machine(_gt).quick_select(K, P, jnp.full((K.shape[0],), k - 1, _I32))[1][
+            return Machine(_gt).quick_select(K, P, jnp.full((K.shape[0],), k - 1, I32))[1][
                 :, k - 1 : k
             ]
 
@@ -172,7 +172,7 @@ def _kthvalue(node, x):
         if k < n:
             tie = tie | jnp.any(lax.slice_in_dim(ks, k, k + 1, axis=axis) == kth)
         out = lax.cond(tie, exact, lambda: fast)
-    return _keep(_take(x, out, axis), axis, keepdim), _keep(out.astype(idt), axis, keepdim)
+    return _keep(take(x, out, axis), axis, keepdim), _keep(out.astype(idt), axis, keepdim)
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def _all_nan_index(n: int) -> int:
     """The index torch's nanmedian(dim) gives a row of n NaNs: std::nth_element(first, first,
     last) with a comparator false for every pair (introselect's partitions still swap)."""
     a = list(range(n))
-    first, last, depth = 0, n, 2 * _lg(n) if n else 0
+    first, last, depth = 0, n, 2 * lg(n) if n else 0
     while last - first > 3:
         if depth == 0:
             break  # heap_select on equal elements moves nothing; swap(first, nth) neither
@@ -211,7 +211,7 @@ def _along_dim(what: str):
     def wrap(rule):
         @functools.wraps(rule)  # the rule's name, for the registry's messages
         def checked(node, x):
-            _check_real(what, x)
+            check_real(what, x)
             idt = out_dtype(node, 1)
             keepdim = node.attrs["keepdim"]
             if x.ndim == 0:
@@ -233,8 +233,8 @@ def _median_dim(ignore_nan: bool):
         # torch orders (value, index) pairs totally: the index is the stable order's.
         _, idx, _ = _stable(_key(x), x, axis=axis)
         nans = (
-            jnp.sum(jnp.isnan(x), axis=axis, keepdims=True).astype(_I32)
-            if _is_float(x)
+            jnp.sum(jnp.isnan(x), axis=axis, keepdims=True).astype(I32)
+            if is_float(x)
             else jnp.zeros_like(lax.slice_in_dim(idx, 0, 1, axis=axis))
         )
         if ignore_nan:
@@ -242,8 +242,8 @@ def _median_dim(ignore_nan: bool):
             pos = jnp.where(m > 0, (m - 1) // 2, _all_nan_index(n))
         else:  # the first NaN, if any (NaNs sort last, in index order)
             pos = jnp.where(nans > 0, n - nans, (n - 1) // 2)
-        out = _take(idx, pos, axis)
-        return _keep(_take(x, out, axis), axis, keepdim), _keep(out.astype(idt), axis, keepdim)
+        out = take(idx, pos, axis)
+        return _keep(take(x, out, axis), axis, keepdim), _keep(out.astype(idt), axis, keepdim)
 
     return rule
 
@@ -254,29 +254,29 @@ register("aten::nanmedian.dim")(_median_dim(True))
 
 def _median_all(ignore_nan: bool):
     def rule(node, x):
-        _check_real("median", x)
+        check_real("median", x)
         flat = x.reshape(1, -1)
         n = flat.shape[1]
         if n == 0:
             raise ValueError("median: an empty tensor has no median")
         s = _key(flat)
         _, _, vals = _stable(s, flat, axis=1)
-        if _is_float(x):
-            nans = jnp.sum(jnp.isnan(flat)).astype(_I32)
+        if is_float(x):
+            nans = jnp.sum(jnp.isnan(flat)).astype(I32)
         else:
-            nans = jnp.zeros((), _I32)
-        nth = _cdiv2(n - nans - 1) if ignore_nan else jnp.asarray((n - 1) // 2, _I32)
+            nans = jnp.zeros((), I32)
+        nth = cdiv2(n - nans - 1) if ignore_nan else jnp.asarray((n - 1) // 2, I32)
         value = vals[0, nth]
-        if not ignore_nan and _is_float(x):
+        if not ignore_nan and is_float(x):
             value = jnp.where(nans > 0, jnp.asarray(jnp.nan, x.dtype), value)
-        if n > 3 and _is_float(x):
+        if n > 3 and is_float(x):
             # std::nth_element moves values: which of -0.0 and 0.0 lands on the median is its
             # doing (at most 3 elements, it is an insertion sort: stable).
             def exact():
-                _, P = _Machine(_lt).nth_element(s, _iota_rows(1, n), nth.reshape(1))
+                _, P = Machine(lt).nth_element(s, iota_rows(1, n), nth.reshape(1))
                 return flat[0, P[0, nth]]
 
-            replay = _negative_zero(flat)
+            replay = negative_zero(flat)
             if not ignore_nan:
                 replay = replay & (nans == 0)
             value = lax.cond(replay, exact, lambda v=value: v)
@@ -298,7 +298,7 @@ def _run_lengths(sv):
     run's length; 0 elsewhere."""
     n = sv.shape[1]
     end = jnp.concatenate([sv[:, :-1] != sv[:, 1:], jnp.ones_like(sv[:, :1], bool)], axis=1)
-    pos = jnp.arange(n, dtype=_I32)
+    pos = jnp.arange(n, dtype=I32)
     last = lax.cummax(jnp.where(end, pos, -1), axis=1)
     prev = jnp.concatenate([jnp.full_like(last[:, :1], -1), last[:, :-1]], axis=1)
     return jnp.where(end, pos - prev, 0)
@@ -316,7 +316,7 @@ def _mode_pick(sv, sp):
 @_along_dim("mode")
 def _mode(node, x, axis, n, idt, keepdim):
     raw = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
-    rows, shape = _to_rows(raw, axis)
+    rows, shape = to_rows(raw, axis)
     if rows.shape[0] == 0:
         z = jnp.zeros(out_dims(node, 0), x.dtype)
         return z, z.astype(idt)
@@ -325,13 +325,13 @@ def _mode(node, x, axis, n, idt, keepdim):
 
     def exact():
         # torch sorts with ``a < b`` on the raw values (NaN compares false both ways).
-        K, P = _Machine(_lt).sort(rows, _iota_rows(*rows.shape), n)
+        K, P = Machine(lt).sort(rows, iota_rows(*rows.shape), n)
         return _mode_pick(K, P)
 
-    nan = jnp.any(jnp.isnan(rows)) if _is_float(rows) else jnp.asarray(False)
+    nan = jnp.any(jnp.isnan(rows)) if is_float(rows) else jnp.asarray(False)
     if n <= 16:
         # std::sort of at most 16 is an insertion sort: stable, unless NaNs break the order.
-        value, index = lax.cond(nan, exact, lambda: fast) if _is_float(rows) else fast
+        value, index = lax.cond(nan, exact, lambda: fast) if is_float(rows) else fast
     else:
         value, index = lax.cond(nan | jnp.any(_run_max(sv) > 1), exact, lambda: fast)
     value = value.astype(x.dtype).reshape((*shape[:-1], 1))

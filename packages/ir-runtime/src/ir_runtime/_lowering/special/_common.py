@@ -1,6 +1,6 @@
 """What every special function shares: the dtype it computes in (float16 and bfloat16 in
-float32), a rule computing in it, the IEEE quotient, Cephes' polevl and chbevl, and a while loop
-with an iteration cap.
+float32), a rule computing in it, Cephes' polevl and chbevl, and a while loop with an iteration
+cap. The IEEE quotient (``ieee_div``) and ``cast`` are every family's, in ``_registry``.
 """
 
 from __future__ import annotations
@@ -11,17 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import out_dims, out_dtype
+from ir_runtime._lowering._registry import cast, out_dims, out_dtype
 
-_PI = math.pi
+PI = math.pi
 _HALF_TYPES = (np.dtype(np.float16), np.dtype(jnp.bfloat16))
 
 
-def _cast(x, dtype):
-    return x if x.dtype == dtype else x.astype(dtype)
-
-
-def _work(dt):
+def work(dt):
     """The dtype a special function is computed in for output dtype ``dt``."""
     if dt in _HALF_TYPES:
         return np.dtype(np.float32)
@@ -30,28 +26,17 @@ def _work(dt):
     return dt
 
 
-def _float_rule(fn, arity=1):
+def float_rule(fn, arity=1):
     """A rule computing ``fn`` on its tensors in the working dtype of the output."""
 
     def rule(node, *xs):
         dt = out_dtype(node)
-        w = _work(dt)
+        w = work(dt)
         dims = out_dims(node)
-        args = [jnp.broadcast_to(_cast(x, w), dims) for x in xs[:arity]]
-        return _cast(fn(*args), dt)
+        args = [jnp.broadcast_to(cast(x, w), dims) for x in xs[:arity]]
+        return cast(fn(*args), dt)
 
     return rule
-
-
-def _div(a, b):
-    """a / b, the IEEE quotient even where b is a scalar: XLA turns a division by a broadcast
-    scalar (a constant, a loop counter) into a multiplication by its reciprocal, an ulp off
-    torch's quotient (round(x, decimals) would round differently)."""
-    a = jnp.asarray(a)
-    b = jnp.asarray(b, a.dtype)
-    shape = jnp.broadcast_shapes(a.shape, b.shape)
-    a, b = lax.optimization_barrier((jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)))
-    return a / b
 
 
 def _polevl(x, coeffs):

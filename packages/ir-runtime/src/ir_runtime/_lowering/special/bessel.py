@@ -7,53 +7,54 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ir_runtime._lowering.special._common import _PI, _chbevl, _div, _polevl, _while
+from ir_runtime._lowering._registry import ieee_div
+from ir_runtime._lowering.special._common import PI, _chbevl, _polevl, _while
 from ir_runtime._lowering.special._tables import (
-    _AIRY_AI_AD,
-    _AIRY_AI_AFD,
-    _AIRY_AI_AFN,
-    _AIRY_AI_AGD,
-    _AIRY_AI_AGN,
-    _AIRY_AI_AN,
-    _J0_PP,
-    _J0_PQ,
-    _J0_QP,
-    _J0_QQ,
-    _J0_RP,
-    _J0_RQ,
-    _J1_PP,
-    _J1_PQ,
-    _J1_QP,
-    _J1_QQ,
-    _J1_RP,
-    _J1_RQ,
-    _MI0_A,
-    _MI0_B,
-    _MI1_A,
-    _MI1_B,
-    _MK0_A,
-    _MK0_B,
-    _MK1_A,
-    _MK1_B,
-    _Y0_YP,
-    _Y0_YQ,
-    _Y1_YP,
-    _Y1_YQ,
+    AIRY_AI_AD,
+    AIRY_AI_AFD,
+    AIRY_AI_AFN,
+    AIRY_AI_AGD,
+    AIRY_AI_AGN,
+    AIRY_AI_AN,
+    J0_PP,
+    J0_PQ,
+    J0_QP,
+    J0_QQ,
+    J0_RP,
+    J0_RQ,
+    J1_PP,
+    J1_PQ,
+    J1_QP,
+    J1_QQ,
+    J1_RP,
+    J1_RQ,
+    MI0_A,
+    MI0_B,
+    MI1_A,
+    MI1_B,
+    MK0_A,
+    MK0_B,
+    MK1_A,
+    MK1_B,
+    Y0_YP,
+    Y0_YQ,
+    Y1_YP,
+    Y1_YQ,
 )
 
 
-def _airy_ai(x):
+def airy_ai(x):
     dt = x.dtype
     eps = float(np.finfo(dt).eps)
     # x < -2.09: the asymptotic form, oscillating.
     neg = x < -2.09
     xn = jnp.where(neg, x, jnp.asarray(-3.0, dt))
-    zeta_n = _div(-2.0 * xn * jnp.sqrt(-xn), 3.0)
+    zeta_n = ieee_div(-2.0 * xn * jnp.sqrt(-xn), 3.0)
     z = 1.0 / zeta_n
     zz = z * z
-    afn, afd = _polevl(zz, _AIRY_AI_AFN), _polevl(zz, _AIRY_AI_AFD)
-    agn, agd = _polevl(zz, _AIRY_AI_AGN), _polevl(zz, _AIRY_AI_AGD)
-    t = zeta_n + 0.25 * _PI
+    afn, afd = _polevl(zz, AIRY_AI_AFN), _polevl(zz, AIRY_AI_AFD)
+    agn, agd = _polevl(zz, AIRY_AI_AGN), _polevl(zz, AIRY_AI_AGD)
+    t = zeta_n + 0.25 * PI
     left = (
         5.64189583547756286948e-01
         / jnp.sqrt(jnp.sqrt(-xn))
@@ -62,8 +63,8 @@ def _airy_ai(x):
     # x >= 2.09: the exponentially small form.
     pos = x >= 2.09
     xp = jnp.where(pos, x, jnp.asarray(3.0, dt))
-    zeta_p = _div(2.0 * xp * jnp.sqrt(xp), 3.0)
-    an, ad = _polevl(1.0 / zeta_p, _AIRY_AI_AN), _polevl(1.0 / zeta_p, _AIRY_AI_AD)
+    zeta_p = ieee_div(2.0 * xp * jnp.sqrt(xp), 3.0)
+    an, ad = _polevl(1.0 / zeta_p, AIRY_AI_AN), _polevl(1.0 / zeta_p, AIRY_AI_AD)
     scale = 2.0 * jnp.sqrt(jnp.sqrt(xp)) * jnp.exp(zeta_p)
     right = 5.64189583547756286948e-01 * (an / ad) / scale
     # Between: the power series, term by term until |m / f| <= eps.
@@ -105,25 +106,25 @@ _2_OVER_PI = 0.636619772367581343075535053490057448
 
 def _j0_large(x):
     w = 25.0 / (x * x)
-    pp, pq = _polevl(w, _J0_PP), _polevl(w, _J0_PQ)
-    qp, qq = _polevl(w, _J0_QP), _polevl(w, _J0_QQ)
+    pp, pq = _polevl(w, J0_PP), _polevl(w, J0_PQ)
+    qp, qq = _polevl(w, J0_QP), _polevl(w, J0_QQ)
     return pp / pq, 5.0 / x * (qp / qq)
 
 
 def _j1_large(x):
     w = 5.0 / x * (5.0 / x)
-    pp, pq = _polevl(w, _J1_PP), _polevl(w, _J1_PQ)
-    qp, qq = _polevl(w, _J1_QP), _polevl(w, _J1_QQ)
+    pp, pq = _polevl(w, J1_PP), _polevl(w, J1_PQ)
+    qp, qq = _polevl(w, J1_QP), _polevl(w, J1_QQ)
     return pp / pq, 5.0 / x * (qp / qq)
 
 
-def _bessel_j0(x):
+def bessel_j0(x):
     dt = x.dtype
     x = jnp.abs(x)
     small = x <= 5.0
     xs = jnp.where(small, x, jnp.ones((), dt))
     x2 = xs * xs
-    rp, rq = _polevl(x2, _J0_RP), _polevl(x2, _J0_RQ)
+    rp, rq = _polevl(x2, J0_RP), _polevl(x2, J0_RQ)
     near = (x2 - 5.78318596294678452118e00) * (x2 - 3.04712623436620863991e01) * rp / rq
     near = jnp.where(xs < 0.00001, 1.0 - x2 / 4.0, near)
     xl = jnp.where(small, jnp.asarray(6.0, dt), x)
@@ -132,14 +133,14 @@ def _bessel_j0(x):
     return jnp.where(small, near, far)
 
 
-def _bessel_j1(x):
+def bessel_j1(x):
     dt = x.dtype
     sign = jnp.where(x < 0, -1.0, 1.0).astype(dt)
     x = jnp.abs(x)
     small = x <= 5.0
     xs = jnp.where(small, x, jnp.ones((), dt))
     x2 = xs * xs
-    rp, rq = _polevl(x2, _J1_RP), _polevl(x2, _J1_RQ)
+    rp, rq = _polevl(x2, J1_RP), _polevl(x2, J1_RQ)
     near = rp / rq * xs * (x2 - 1.46819706421238932572e01) * (x2 - 4.92184563216946036703e01)
     xl = jnp.where(small, jnp.asarray(6.0, dt), x)
     p, q = _j1_large(xl)
@@ -147,12 +148,12 @@ def _bessel_j1(x):
     return sign * jnp.where(small, near, far)
 
 
-def _bessel_y0(x):
+def bessel_y0(x):
     dt = x.dtype
     small = x <= 5.0
     xs = jnp.where(small & (x > 0), x, jnp.ones((), dt))
     x2 = xs * xs
-    near = _polevl(x2, _Y0_YP) / _polevl(x2, _Y0_YQ) + _2_OVER_PI * jnp.log(xs) * _bessel_j0(xs)
+    near = _polevl(x2, Y0_YP) / _polevl(x2, Y0_YQ) + _2_OVER_PI * jnp.log(xs) * bessel_j0(xs)
     near = jnp.where(x < 0, jnp.asarray(np.nan, dt), near)
     near = jnp.where(x == 0, jnp.asarray(-np.inf, dt), near)
     xl = jnp.where(small, jnp.asarray(6.0, dt), x)
@@ -161,13 +162,13 @@ def _bessel_y0(x):
     return jnp.where(small, near, far)
 
 
-def _bessel_y1(x):
+def bessel_y1(x):
     dt = x.dtype
     small = x <= 5.0
     xs = jnp.where(small & (x > 0), x, jnp.ones((), dt))
     x2 = xs * xs
-    ratio = _polevl(x2, _Y1_YP) / _polevl(x2, _Y1_YQ)
-    near = xs * ratio + _2_OVER_PI * (_bessel_j1(xs) * jnp.log(xs) - 1.0 / xs)
+    ratio = _polevl(x2, Y1_YP) / _polevl(x2, Y1_YQ)
+    near = xs * ratio + _2_OVER_PI * (bessel_j1(xs) * jnp.log(xs) - 1.0 / xs)
     near = jnp.where(x <= 0, jnp.asarray(np.nan, dt), near)
     near = jnp.where(x == 0, jnp.asarray(-np.inf, dt), near)
     xl = jnp.where(small, jnp.asarray(6.0, dt), x)
@@ -192,24 +193,24 @@ def _modified_i(x, a, b, order: int):
 
 
 def _modified_bessel_i0(x):
-    return _modified_i(x, _MI0_A, _MI0_B, 0)
+    return _modified_i(x, MI0_A, MI0_B, 0)
 
 
-def _modified_bessel_i1(x):
-    return _modified_i(x, _MI1_A, _MI1_B, 1)
+def modified_bessel_i1(x):
+    return _modified_i(x, MI1_A, MI1_B, 1)
 
 
-def _modified_k(x, order: int, scaled: bool):
+def modified_k(x, order: int, scaled: bool):
     """Math.h's (scaled_)modified_bessel_k0/k1_forward."""
     dt = x.dtype
-    a, b = (_MK0_A, _MK0_B) if order == 0 else (_MK1_A, _MK1_B)
+    a, b = (MK0_A, MK0_B) if order == 0 else (MK1_A, MK1_B)
     small = x <= 2.0
     xs = jnp.where(small & (x > 0), x, jnp.ones((), dt))
     series = _chbevl(xs * xs - 2.0, a)
     if order == 0:
         near = series - jnp.log(0.5 * xs) * _modified_bessel_i0(xs)
     else:
-        near = jnp.log(0.5 * xs) * _modified_bessel_i1(xs) + series / xs
+        near = jnp.log(0.5 * xs) * modified_bessel_i1(xs) + series / xs
     if scaled:
         near = near * jnp.exp(xs)
     xl = jnp.where(small, jnp.asarray(3.0, dt), x)
@@ -221,7 +222,7 @@ def _modified_k(x, order: int, scaled: bool):
     return jnp.where(x == 0, jnp.asarray(np.inf, dt), out)
 
 
-def _spherical_bessel_j0(x):
+def spherical_bessel_j0(x):
     dt = x.dtype
     x2 = x * x
     series = 1.0 + x2 * (

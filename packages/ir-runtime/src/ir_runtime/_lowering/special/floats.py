@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import out_dims, out_dtype, register
-from ir_runtime._lowering.special._common import _cast, _div, _work
+from ir_runtime._lowering._registry import cast, ieee_div, out_dims, out_dtype, register
+from ir_runtime._lowering.special._common import work
 
 _BITS = {
     np.dtype(np.float16): (np.int16, 10, 15),
@@ -25,7 +25,7 @@ def _frexp(node, x):
     flushes subnormals in arithmetic; frexp must see them). 0, inf and NaN keep their value
     with exponent 0, as std::frexp gives."""
     dt = out_dtype(node, 0)
-    x = _cast(x, dt)
+    x = cast(x, dt)
     ity, mbits, bias = _BITS[dt]
     nbits = np.dtype(ity).itemsize * 8
     ebits = nbits - 1 - mbits
@@ -53,7 +53,7 @@ def _nextafter(node, x, y):
     """The next representable value after x toward y, from the bits (subnormals included,
     which XLA's arithmetic would flush)."""
     dt = out_dtype(node)
-    x, y = _cast(x, dt), _cast(y, dt)
+    x, y = cast(x, dt), cast(y, dt)
     dims = out_dims(node)
     x, y = jnp.broadcast_to(x, dims), jnp.broadcast_to(y, dims)
     ity = _BITS[dt][0]
@@ -89,7 +89,7 @@ def _fmax_fmin(pick_first):
     def rule(node, x, y):
         dt = out_dtype(node)
         dims = out_dims(node)
-        x, y = jnp.broadcast_to(_cast(x, dt), dims), jnp.broadcast_to(_cast(y, dt), dims)
+        x, y = jnp.broadcast_to(cast(x, dt), dims), jnp.broadcast_to(cast(y, dt), dims)
         if not jnp.issubdtype(dt, jnp.inexact):
             return jnp.where(pick_first(x, y), x, y)
         # NaN loses to a number; two NaNs give NaN; a tie gives x (as torch's kernel does).
@@ -109,9 +109,9 @@ def _round_decimals(node, x):
     dt = out_dtype(node)
     if not jnp.issubdtype(dt, jnp.floating):
         raise ValueError(f"round(decimals=...) takes a floating tensor, got {dt}")
-    w = _work(dt)
+    w = work(dt)
     d = node.attrs["decimals"]
-    x = _cast(x, w)
+    x = cast(x, w)
     ten = jnp.asarray(10.0 ** abs(d), w)
-    out = jnp.round(_div(x, ten)) * ten if d < 0 else _div(jnp.round(x * ten), ten)
-    return _cast(out, dt)
+    out = jnp.round(ieee_div(x, ten)) * ten if d < 0 else ieee_div(jnp.round(x * ten), ten)
+    return cast(out, dt)

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 import numpy as np
 
-from ir_runtime._lowering._registry import out_dtype, register
-from ir_runtime._lowering.special._common import _PI, _cast, _div, _polevl, _while, _work
+from ir_runtime._lowering._registry import cast, ieee_div, out_dtype, register
+from ir_runtime._lowering.special._common import PI, _polevl, _while, work
 
 
 def _lgamma(x):
@@ -43,7 +43,7 @@ def _digamma(x):
     # pi / tan(pi * r), r the fractional part (modf): more accurate than tan(pi * x); in
     # float64, as torch computes it for float32 too.
     r = (x - jnp.trunc(x)).astype(np.float64)
-    reflection = (_PI / jnp.tan(_PI * r)).astype(dt)
+    reflection = (PI / jnp.tan(PI * r)).astype(dt)
     y = jnp.where(neg, 1 - x, x)
     result = jnp.zeros_like(y)
     for _ in range(10):  # y > 0 here: ten steps reach 10
@@ -63,8 +63,8 @@ def _trigamma(x):
     """torch's trigamma: reflection below 0.5, six recurrence steps, the asymptotic series."""
     dt = x.dtype
     low = x < 0.5
-    s = jnp.sin(_PI * x)
-    result = jnp.where(low, -(_PI * _PI) / (s * s), jnp.zeros((), dt))
+    s = jnp.sin(PI * x)
+    result = jnp.where(low, -(PI * PI) / (s * s), jnp.zeros((), dt))
     x = jnp.where(low, 1 - x, x)
     for _ in range(6):
         result = result + 1 / (x * x)
@@ -131,7 +131,7 @@ def _zeta(x, q, first=None):
     for coef in _ZETA_A:
         aa = aa * (x + k)
         b = b / w
-        t = _div(aa * b, coef)
+        t = ieee_div(aa * b, coef)
         new = tail + t
         tail = jnp.where(stop, tail, new)
         stop = stop | (jnp.abs(t / new) < machep)
@@ -161,7 +161,7 @@ def _zeta64(x, q):
     return _zeta(x64, q64, first)
 
 
-def _zeta_acc(x, q):
+def zeta_acc(x, q):
     return _zeta64(x, q).astype(x.dtype)
 
 
@@ -182,7 +182,7 @@ def _polygamma(n: int, x):
     if big:  # a zeta that rounds to 0 in the dtype: inf * 0
         underflow = jnp.abs(z) <= float(np.finfo(dt).smallest_subnormal) / 2
         out = jnp.where(underflow, np.nan, out)
-    return _cast(out, dt)
+    return cast(out, dt)
 
 
 @register("aten::polygamma.default")
@@ -191,7 +191,7 @@ def _polygamma_rule(node, x):
     if n < 0:
         raise ValueError(f"polygamma(n, x): n must be non-negative, got {n}")
     dt = out_dtype(node)
-    return _cast(_polygamma(n, _cast(x, _work(dt))), dt)
+    return cast(_polygamma(n, cast(x, work(dt))), dt)
 
 
 @register("aten::mvlgamma.default")
@@ -204,10 +204,10 @@ def _mvlgamma(node, x):
     if x.dtype == np.bool_:
         raise ValueError("mvlgamma: the input tensor may not be a boolean tensor (as torch)")
     dt = out_dtype(node)
-    x = _cast(x, _work(dt))
+    x = cast(x, work(dt))
     total = None
     for j in range(p):  # torch's order: x - (p-1)/2, ..., x - 1/2, x
         term = _lgamma(x + (-0.5 * (p - 1) + 0.5 * j))
         total = term if total is None else total + term
     total = total + p * (p - 1) * math.log(math.pi) / 4
-    return _cast(total, dt)
+    return cast(total, dt)

@@ -11,9 +11,9 @@ import jax.scipy.special as jss
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import register
-from ir_runtime._lowering.special._common import _div, _float_rule, _while
-from ir_runtime._lowering.special._tables import _IGAM_D
+from ir_runtime._lowering._registry import ieee_div, register
+from ir_runtime._lowering.special._common import _while, float_rule
+from ir_runtime._lowering.special._tables import IGAM_D
 from ir_runtime._lowering.special.gamma import _lgamma
 
 _LANCZOS_NUM = (
@@ -63,7 +63,7 @@ def _igam_fac(a, x, c):
     ax = a * jnp.log(x) - x - _lgamma(a)
     direct = jnp.where(ax < -c["maxlog"], jnp.zeros((), dt), jnp.exp(ax))
     fac = a + _LANCZOS_G - 0.5
-    res = jnp.sqrt(_div(fac, math.e)) / _lanczos_sum_expg_scaled(a)
+    res = jnp.sqrt(ieee_div(fac, math.e)) / _lanczos_sum_expg_scaled(a)
     small = res * jnp.exp(a - x) * jnp.power(x / fac, a)
     numfac = (x - a - _LANCZOS_G + 0.5) / fac
     large = res * jnp.exp(a * (jnp.log1p(numfac) - numfac) + x * (0.5 - _LANCZOS_G) / fac)
@@ -96,7 +96,7 @@ def _igamc_series(a, x, mask, c):
 
     def body(st):
         n, fac, total, active = st
-        fac1 = fac * _div(-x, n)
+        fac1 = fac * ieee_div(-x, n)
         term = fac1 / (a + n)
         total1 = total + term
         fac, total = (jnp.where(active, v, o) for v, o in ((fac1, fac), (total1, total)))
@@ -150,7 +150,7 @@ def _igamc_continued_fraction(a, x, mask, c):
 def _igam_asymptotic(a, x, upper: bool, c):
     """DLMF 8.12.3/8.12.4: the uniform asymptotic expansion for large a, x ~ a."""
     dt = a.dtype
-    d = jnp.asarray(np.array(_IGAM_D), dt)
+    d = jnp.asarray(np.array(IGAM_D), dt)
     sgn = 1.0 if upper else -1.0
     lam = x / a
     sigma = (x - a) / a
@@ -253,9 +253,9 @@ def _igamma_pair(a, x, upper: bool):
 
 @register("aten::igamma.default")
 def _igamma(node, a, x):
-    return _float_rule(lambda a, x: _igamma_pair(a, x, upper=False), arity=2)(node, a, x)
+    return float_rule(lambda a, x: _igamma_pair(a, x, upper=False), arity=2)(node, a, x)
 
 
 @register("aten::igammac.default")
 def _igammac(node, a, x):
-    return _float_rule(lambda a, x: _igamma_pair(a, x, upper=True), arity=2)(node, a, x)
+    return float_rule(lambda a, x: _igamma_pair(a, x, upper=True), arity=2)(node, a, x)

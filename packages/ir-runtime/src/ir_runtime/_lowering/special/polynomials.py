@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import register
-from ir_runtime._lowering.special._common import _div, _float_rule
+from ir_runtime._lowering._registry import ieee_div, register
+from ir_runtime._lowering.special._common import float_rule
 
 
 def _degree(n):
@@ -151,7 +151,7 @@ def _laguerre_l(x, n_t):
         x,
         n,
         1.0 - x,
-        lambda k, p, q: _div(((k + k) + (1.0 - x)) * q - k * p, k + 1),
+        lambda k, p, q: ieee_div(((k + k) + (1.0 - x)) * q - k * p, k + 1),
         (n >= 2) & (jnp.abs(x) != 0),
         (jnp.abs(x) == 0, one),
         (n == 0, one),
@@ -167,7 +167,7 @@ def _legendre_p(x, n_t):
         x,
         n,
         x,
-        lambda k, p, q: _div((k + k + 1) * x * q - k * p, k + 1),
+        lambda k, p, q: ieee_div((k + k + 1) * x * q - k * p, k + 1),
         (n >= 2) & (jnp.abs(x) != 1.0),
         (jnp.abs(x) == 1.0, at_one),
         (n == 0, one),
@@ -179,13 +179,13 @@ def _polynomial_rules(name, fn):
     """The three overloads: (Tensor x, Tensor n), (Scalar x, Tensor n), (Tensor x, Scalar n)."""
 
     def tensor_tensor(node, x, n):
-        return _float_rule(fn, arity=2)(node, x, n)
+        return float_rule(fn, arity=2)(node, x, n)
 
     def scalar_x(node, n):
-        return _float_rule(fn, arity=2)(node, jnp.asarray(node.attrs["x"]), n)
+        return float_rule(fn, arity=2)(node, jnp.asarray(node.attrs["x"]), n)
 
     def scalar_n(node, x):
-        return _float_rule(fn, arity=2)(node, x, jnp.asarray(node.attrs["n"]))
+        return float_rule(fn, arity=2)(node, x, jnp.asarray(node.attrs["n"]))
 
     register(f"aten::{name}.default")(tensor_tensor)
     register(f"aten::{name}.x_scalar")(scalar_x)

@@ -8,20 +8,20 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 
 from ir_runtime._lowering._registry import register
-from ir_runtime._lowering.special._common import _float_rule
+from ir_runtime._lowering.special._common import float_rule
 from ir_runtime._lowering.special.bessel import (
-    _airy_ai,
-    _bessel_j0,
-    _bessel_j1,
-    _bessel_y0,
-    _bessel_y1,
     _modified_bessel_i0,
-    _modified_bessel_i1,
-    _modified_k,
-    _spherical_bessel_j0,
+    airy_ai,
+    bessel_j0,
+    bessel_j1,
+    bessel_y0,
+    bessel_y1,
+    modified_bessel_i1,
+    modified_k,
+    spherical_bessel_j0,
 )
 from ir_runtime._lowering.special.erf import _erfcx, _log_ndtr
-from ir_runtime._lowering.special.gamma import _digamma, _lgamma, _zeta_acc
+from ir_runtime._lowering.special.gamma import _digamma, _lgamma, zeta_acc
 
 # -- unary functions -----------------------------------------------------------------------
 
@@ -36,21 +36,21 @@ _UNARY = {
     "special_erfcx": _erfcx,
     "special_ndtri": jss.ndtri,
     "special_log_ndtr": _log_ndtr,
-    "special_airy_ai": _airy_ai,
-    "special_bessel_j0": _bessel_j0,
-    "special_bessel_j1": _bessel_j1,
-    "special_bessel_y0": _bessel_y0,
-    "special_bessel_y1": _bessel_y1,
+    "special_airy_ai": airy_ai,
+    "special_bessel_j0": bessel_j0,
+    "special_bessel_j1": bessel_j1,
+    "special_bessel_y0": bessel_y0,
+    "special_bessel_y1": bessel_y1,
     "special_modified_bessel_i0": _modified_bessel_i0,
-    "special_modified_bessel_i1": _modified_bessel_i1,
-    "special_modified_bessel_k0": lambda x: _modified_k(x, 0, scaled=False),
-    "special_modified_bessel_k1": lambda x: _modified_k(x, 1, scaled=False),
-    "special_scaled_modified_bessel_k0": lambda x: _modified_k(x, 0, scaled=True),
-    "special_scaled_modified_bessel_k1": lambda x: _modified_k(x, 1, scaled=True),
-    "special_spherical_bessel_j0": _spherical_bessel_j0,
+    "special_modified_bessel_i1": modified_bessel_i1,
+    "special_modified_bessel_k0": lambda x: modified_k(x, 0, scaled=False),
+    "special_modified_bessel_k1": lambda x: modified_k(x, 1, scaled=False),
+    "special_scaled_modified_bessel_k0": lambda x: modified_k(x, 0, scaled=True),
+    "special_scaled_modified_bessel_k1": lambda x: modified_k(x, 1, scaled=True),
+    "special_spherical_bessel_j0": spherical_bessel_j0,
 }
 for _name, _fn in _UNARY.items():
-    register(f"aten::{_name}.default")(_float_rule(_fn))
+    register(f"aten::{_name}.default")(float_rule(_fn))
 
 
 # -- zeta ----------------------------------------------------------------------------------
@@ -58,14 +58,14 @@ for _name, _fn in _UNARY.items():
 
 @register("aten::special_zeta.default")
 def _zeta_tt(node, x, q):
-    return _float_rule(_zeta_acc, arity=2)(node, x, q)
+    return float_rule(zeta_acc, arity=2)(node, x, q)
 
 
 @register("aten::special_zeta.self_scalar")
 def _zeta_st(node, q):
-    return _float_rule(_zeta_acc, arity=2)(node, jnp.asarray(node.attrs["self"]), q)
+    return float_rule(zeta_acc, arity=2)(node, jnp.asarray(node.attrs["self"]), q)
 
 
 @register("aten::special_zeta.other_scalar")
 def _zeta_ts(node, x):
-    return _float_rule(_zeta_acc, arity=2)(node, x, jnp.asarray(node.attrs["other"]))
+    return float_rule(zeta_acc, arity=2)(node, x, jnp.asarray(node.attrs["other"]))
