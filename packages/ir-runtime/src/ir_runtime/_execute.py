@@ -91,8 +91,8 @@ def execute(roots, donate=(), out_shardings=None) -> list[DeviceData]:
         donate: parameters (``DeviceData`` nodes of the graph) whose buffers the program may
             reuse for its results; their handles are invalid afterwards.
         out_shardings: None, or one ShardingSpec (or None) per root: where its result must
-            land, as a root's own annotation would say, without cloning the root. Part of the
-            cache key.
+            land, as a root's own annotation would say, without cloning the root. A root that
+            carries an annotation of its own lands where that says. Part of the cache key.
 
     Returns:
         ``DeviceData`` nodes whose handle is the result's ``jax.Array`` and whose sharding is
