@@ -358,3 +358,34 @@ def test_untrusted_counts_turn_donation_off_with_one_warning_and_the_same_values
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().endswith("ok")
+
+
+def test_a_tracer_at_import_does_not_skew_the_calibration():
+    """Before CPython 3.13, a tracer that reads ``frame.f_locals`` (a debugger's conditional
+    breakpoint) keeps a snapshot of the probe's locals: calibrated under it, every later count
+    would be low and a buffer still read could be donated. Calibration runs untraced."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys
+        def tracer(frame, event, arg):
+            frame.f_locals
+            return tracer
+        sys.settrace(tracer)
+        from ir_runtime import _donation
+        sys.settrace(None)
+        assert _donation.CALIBRATION.trusted, _donation.CALIBRATION
+        holder = [object()]
+        x = holder[0]
+        assert _donation.refs(x) == 2, _donation.refs(x)  # the list and the local x
+        print("ok")
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"

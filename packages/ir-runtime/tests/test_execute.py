@@ -175,6 +175,39 @@ def test_out_shardings_pin_results_and_key_the_cache():
         irt.execute([y], out_shardings=[ShardingSpec(mesh, ("data",))])
 
 
+def test_a_roots_own_annotation_wins_over_its_pin_and_chooses_the_mesh():
+    """A root that carries an annotation lands there; its pin is not used at all, not even to
+    choose the program's devices (a pin over other devices would make two device sets), and
+    one that does not fit its rank is not an error."""
+    low = Mesh(range(4), (4,), ("d",))
+    high = Mesh(range(4, 8), (4,), ("d",))
+    x = leaf(np.arange(8, dtype=np.float32))
+    y = Value(Generic("aten::mul.Scalar", [x], [x.shape], {"other": 2.0}))
+    on_high = ShardingSpec(high, ("d",))
+    annotated = Value(with_sharding(y, on_high).node)
+    for pin in (ShardingSpec(low, ("d",)), ShardingSpec(low, (None, "d"))):
+        (r,) = irt.execute([annotated], out_shardings=[pin])
+        assert r.sharding == on_high
+        assert {d.id for d in r.handle.sharding.device_set} == {4, 5, 6, 7}
+        np.testing.assert_array_equal(irt.to_host(r), np.arange(8) * 2)
+
+
+def test_a_tuple_sharding_of_no_specs_is_no_mesh():
+    from ir_sharding import TupleSharding
+
+    x = leaf(np.array([3.0, 1.0, 2.0], np.float32))
+    node = Generic(
+        "aten::sort.default",
+        [x],
+        [x.shape, Shape("int64", (3,))],
+        {"dim": -1, "descending": False},
+        TupleSharding([None, None]),
+    )
+    values, indices = irt.execute([Value(node, 0), Value(node, 1)])
+    assert irt.to_host(values).tolist() == [1.0, 2.0, 3.0]
+    assert irt.to_host(indices).tolist() == [1, 2, 0]
+
+
 def test_to_device_copies_the_array():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     d = irt.to_device(a)

@@ -676,3 +676,19 @@ def test_a_decoding_loop_runs_one_tokens_program_per_read():
     counters = irt.metrics()["counters"]
     assert (counters["CompileCount"], counters["CacheHit"]) == (1, 5)  # one program, reused
     assert counters["HostReadTensors"] == 12  # each read: the flag and the new state
+
+
+def test_a_write_in_place_keeps_the_tensors_placement():
+    """``u.copy_(host)`` changes ``u``'s value, not where it lives (torch_xla's ``copy_`` keeps
+    its destination's sharding): its next result lands sharded, as before the write."""
+    t = irt.to_lazy(torch.arange(8.0))
+    irt.mark_sharding(t, MESH, ("data",))
+    u = t * 2  # not annotated: lands where XLA puts it, sharded like t
+    irt.mark_step()
+    placed = inspect.data_of(u).sharding
+    assert not placed.is_fully_replicated
+    u.copy_(torch.ones(8))
+    u.add_(t)
+    irt.mark_step()
+    assert inspect.data_of(u).sharding.is_equivalent_to(placed, 1)
+    assert irt.to_torch(u).tolist() == (torch.ones(8) + torch.arange(8.0)).tolist()

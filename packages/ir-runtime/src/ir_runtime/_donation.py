@@ -103,11 +103,27 @@ def _probe(n: int, count) -> int:
     return count(x)
 
 
-CALIBRATION = Calibration()
+def _untraced(measure):
+    """``measure()`` with no trace or profile function set: on CPython before 3.13 a tracer
+    that reads a frame's ``f_locals`` keeps a snapshot of the locals, which would count as
+    holders in the probe and make every later count too low (a buffer still read, donated).
+    A tracer set later can only make counts too high, which never donates what is read."""
+    trace, profile = sys.gettrace(), sys.getprofile()
+    sys.settrace(None)
+    sys.setprofile(None)
+    try:
+        return measure()
+    finally:
+        sys.settrace(trace)
+        sys.setprofile(profile)
+
+
+CALIBRATION = _untraced(Calibration)
 if CALIBRATION.trusted:
     _OWN[0] = CALIBRATION.own
-    if _probe(1, refs) != 2:  # refs itself, as the counts below use it
-        CALIBRATION.reason = f"refs counted {_probe(1, refs)} references where 2 are held"
+    counted = _untraced(lambda: _probe(1, refs))  # refs itself, as the counts below use it
+    if counted != 2:
+        CALIBRATION.reason = f"refs counted {counted} references where 2 are held"
 ENABLED = [os.environ.get("IR_RUNTIME_DONATE", "1") != "0" and CALIBRATION.trusted]
 if not CALIBRATION.trusted:
     warnings.warn(

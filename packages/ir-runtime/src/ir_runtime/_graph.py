@@ -28,21 +28,24 @@ def roots_of(roots) -> list:
     return out
 
 
-def _pins(pins, roots):
-    """``execute``'s ``out_shardings``, checked: None, or one ShardingSpec (or None, or
-    ``REPLICATED``) per root."""
+def _pins(pins, roots) -> list:
+    """Each root's own annotation, else its pin (``execute``'s ``out_shardings``: None, or one
+    ShardingSpec, None or ``REPLICATED`` per root, checked here where it is used)."""
+    own = [spec_at(r.node.sharding, r.index) for r in roots]
     if pins is None:
-        return None
+        return own
     pins = tuple(pins)
     if len(pins) != len(roots):
         raise LoweringError(
             f"out_shardings has {len(pins)} entries for {len(roots)} roots; give one per root"
         )
-    for k, (spec, r) in enumerate(zip(pins, roots, strict=True)):
-        if spec is not None and spec is not REPLICATED:
-            specs_of(spec)  # a ShardingSpec, or a clear error
-            spec.check_rank(r.shape.rank, f"root {k} ({r.shape})")
-    return pins if any(p is not None for p in pins) else None
+    for k, (spec, pin, r) in enumerate(zip(own, pins, roots, strict=True)):
+        if spec is None and pin is not None:
+            if pin is not REPLICATED:
+                specs_of(pin)  # a ShardingSpec, or a clear error
+                pin.check_rank(r.shape.rank, f"root {k} ({r.shape})")
+            own[k] = pin
+    return own
 
 
 class Graph:
@@ -61,34 +64,26 @@ class Graph:
 
     def __init__(self, roots, pins=None):
         self.roots = roots = roots_of(roots)
-        pins = _pins(pins, roots)
+        specs = _pins(pins, roots)
         self.order = post_order(roots)
         self.params = [n for n in self.order if type(n) is DeviceData]
         self._program = None
         mesh = None
-        for spec in pins or ():
+        for spec in specs:
             if spec is not None and spec is not REPLICATED:
                 mesh = spec.mesh
                 break
         for n in self.order if mesh is None else ():
-            if n.sharding is not None:
-                mesh = specs_of(n.sharding)[0].mesh
+            found = specs_of(n.sharding)  # (a tuple sharding may hold no spec at all)
+            if found:
+                mesh = found[0].mesh
                 break
         self.mesh = mesh
         self.device_ids = DEFAULT_DEVICES if mesh is None else mesh.device_ids
-        if pins is None:
-            self.out_specs = tuple(spec_at(r.node.sharding, r.index) for r in roots)
-            return
-        out = []
-        for r, pin in zip(roots, pins, strict=True):
-            spec = spec_at(r.node.sharding, r.index)
-            if spec is None and pin is not None:
-                if pin is not REPLICATED:
-                    spec = pin
-                elif mesh is not None:
-                    spec = ShardingSpec.replicated(mesh)
-            out.append(spec)
-        self.out_specs = tuple(out)
+        if any(s is REPLICATED for s in specs):
+            everywhere = None if mesh is None else ShardingSpec.replicated(mesh)
+            specs = [everywhere if s is REPLICATED else s for s in specs]
+        self.out_specs = tuple(specs)
 
     @property
     def program(self) -> Program:

@@ -82,7 +82,10 @@ class LazyTensor(torch.Tensor):
         tensor takes ``other``'s value; a sharding annotation stays when the rank does."""
         value = as_value(new)  # first: a bad value changes nothing
         DATA.__set__(self, new)
-        self._set(value)
+        if type(value.node) is DeviceData:  # the tensor is now that data, wherever it lives
+            self._bind(value.node)
+        else:
+            self._set(value)
         spec = self._spec
         if spec is not None and spec.rank not in (None, len(value.shape.dims)):
             self._spec = None
@@ -97,14 +100,19 @@ class LazyTensor(torch.Tensor):
 
     def _set(self, value: Value) -> None:
         """The tensor's value is now ``value`` (an op's result written in place, a relinked
-        graph, a restored checkpoint). Data it holds is where it is placed and what a step may
-        donate, so ``_placed`` and ``_held`` follow; a pending value leaves them as they were
-        (where its last data lived, which its result replaces)."""
+        graph, a restored checkpoint). Where its data lives stays (``_placed``): a write in
+        place keeps a tensor's placement, as torch_xla's ``copy_`` keeps the sharding of its
+        destination. Data it now holds is what a step may take the buffer of (``_held``)."""
         self._ir = value
         node = value.node
         if type(node) is DeviceData:
-            self._placed = node.sharding
             self._held = id(node)
+
+    def _restore(self, value: Value, held: int) -> None:
+        """Undo writes: the value and held data the tensor had before (a region traced on
+        placeholders that wrote it)."""
+        self._ir = value
+        self._held = held
 
     def _bind(self, data: DeviceData) -> None:
         """The tensor now holds ``data`` (a step's result, or data placed for it)."""

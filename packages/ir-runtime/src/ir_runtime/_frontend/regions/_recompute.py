@@ -202,8 +202,8 @@ def _checkpoint_without_reentrant_generator(fn, *rest, **kwargs):
         except BaseException as e:
             inner.throw(e)
             raise
-    with contextlib.suppress(StopIteration):
-        next(inner)  # its post-forward logic: the hooks off again
+        with contextlib.suppress(StopIteration):
+            next(inner)  # its post-forward logic: the hooks off again
     _refuse_reads(fn, seen)
     # The region's results (what it made that is still alive): the gradients that reach them
     # are what the recompute waits for.

@@ -112,7 +112,7 @@ class Isolated:
         self.written: list = []
 
     def __enter__(self):
-        self.before = [(t, t._ir) for t in live()]
+        self.before = [(t, t._ir, t._held) for t in live()]
         REGIONS.append(self.name)
         _fast.untracked(True)
         return self
@@ -120,9 +120,9 @@ class Isolated:
     def __exit__(self, *exc):
         _fast.untracked(False)
         REGIONS.pop()
-        for t, value in self.before:
+        for t, value, held in self.before:
             if t._ir is not value:
-                t._set(value)
+                t._restore(value, held)
                 self.written.append(f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}")
         self.before = None
         return False
