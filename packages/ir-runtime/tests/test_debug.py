@@ -31,6 +31,9 @@ def line_of(marker: str) -> int:
 
 @pytest.fixture
 def debug():
+    # Every graph a test explains is compiled in it: one another test compiled before would be
+    # a cache hit, and never explained or compared with.
+    irt.CACHE.clear()
     irt.set_debug(True)
     yield
     irt.set_debug(False)

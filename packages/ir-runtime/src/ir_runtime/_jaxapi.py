@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 
+import jax
+
 # jax.Array's concrete type. Placing a step's parameters checks every buffer's type on the hot
 # path; ``isinstance(h, jax.Array)`` goes through an ABC's subclass hook and costs several times
 # an exact ``type(h) is ArrayImpl``.
@@ -82,8 +84,6 @@ def one_frame_locations():
     from jax._src import config
 
     if not _OWN_CACHES:
-        import jax
-
         _OWN_CACHES.append(jax.make_user_context(None))
     with config.include_full_tracebacks_in_locations(False), _OWN_CACHES[0]("ir_runtime"):
         yield

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+import jax
+
 ACTIVE = [False]
 _NULL = contextlib.nullcontext()
 _BETWEEN = [None]  # the open ``ir_runtime.trace`` span between two mark_steps
@@ -24,8 +26,6 @@ def span(name: str):
     """A named span in the profile while one is recorded; otherwise a no-op context."""
     if not ACTIVE[0]:
         return _NULL
-    import jax
-
     return jax.profiler.TraceAnnotation(name)
 
 
@@ -51,8 +51,6 @@ def profile(logdir, perfetto: bool = True, python: bool = False):
     ``plugins/profile/<run>/*.xplane.pb``, and with ``perfetto`` a ``perfetto_trace.json.gz``
     beside it that ui.perfetto.dev opens. ``python``: also every Python call (jax's Python
     tracer; off by default: torch's Python alone fills the trace's million events)."""
-    import jax
-
     if ACTIVE[0]:
         raise RuntimeError("ir_runtime.profile is already recording; profiles do not nest")
     os.makedirs(logdir, exist_ok=True)

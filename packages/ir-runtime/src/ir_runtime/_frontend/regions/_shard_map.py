@@ -31,6 +31,7 @@ and share its axis checks and shape arithmetic; apart, that state would cross mo
 
 from __future__ import annotations
 
+import jax
 import torch
 
 from ir_core import DeviceData, Generic, Shape, Value
@@ -121,8 +122,6 @@ def _check_with_jax(name, region, in_entries, out_entries, mesh, args, fn_name):
     key = (name, in_entries, out_entries, mesh)
     if key in _CHECKED:
         return
-    import jax
-
     varies: list = []
 
     def watched(vary, *args):
