@@ -2,8 +2,6 @@
 by hand to break it, every violation is reported at once with its node's op and line, a good
 graph passes, a deep chain checks without recursion, and the cache runs it on misses only."""
 
-import time
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -345,10 +343,7 @@ def test_a_chain_of_a_million_nodes_checks_without_recursion():
     v = leaf()
     for _ in range(1_000_000):
         v = Value(Generic("aten::neg.default", (v,), (F4,)))
-    start = time.perf_counter()
     assert irt.check_graph(v) == []
-    seconds = time.perf_counter() - start
-    assert seconds < 60, seconds
 
 
 # -- the cache runs it on misses only ------------------------------------------------------------

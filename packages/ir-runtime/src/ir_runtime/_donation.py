@@ -121,9 +121,9 @@ def _untraced(measure):
 CALIBRATION = _untraced(Calibration)
 if CALIBRATION.trusted:
     _OWN[0] = CALIBRATION.own
-    counted = _untraced(lambda: _probe(1, refs))  # refs itself, as the counts below use it
-    if counted != 2:
-        CALIBRATION.reason = f"refs counted {counted} references where 2 are held"
+    _seen = _untraced(lambda: _probe(1, refs))  # refs itself, as the counts below use it
+    if _seen != 2:
+        CALIBRATION.reason = f"refs counted {_seen} references where 2 are held"
 ENABLED = [os.environ.get("IR_RUNTIME_DONATE", "1") != "0" and CALIBRATION.trusted]
 if not CALIBRATION.trusted:
     warnings.warn(

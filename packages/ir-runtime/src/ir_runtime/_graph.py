@@ -28,7 +28,7 @@ def roots_of(roots) -> list:
     return out
 
 
-def _pins(pins, roots) -> list:
+def _out_specs(pins, roots) -> list:
     """Each root's own annotation, else its pin (``execute``'s ``out_shardings``: None, or one
     ShardingSpec, None or ``REPLICATED`` per root, checked here where it is used)."""
     own = [spec_at(r.node.sharding, r.index) for r in roots]
@@ -53,8 +53,8 @@ class Graph:
     (the cache's key, donation's pairing, lowering, the executable):
 
     - ``order``: its nodes in post-order; ``params``: its ``DeviceData`` leaves, in that order;
-    - ``mesh`` and ``device_ids``: where the program runs (the mesh of the first pin, else of
-      the first annotated node; none: the default device);
+    - ``mesh`` and ``device_ids``: where the program runs (the mesh of the first result's
+      placement in ``out_specs``, else of the first annotated node; none: the default device);
     - ``out_specs``: where each root's result lands: the root's own annotation, else its pin
       (``execute``'s ``out_shardings``, the front end's claims; ``REPLICATED`` resolved over
       the mesh), else None (XLA chooses).
@@ -64,7 +64,7 @@ class Graph:
 
     def __init__(self, roots, pins=None):
         self.roots = roots = roots_of(roots)
-        specs = _pins(pins, roots)
+        specs = _out_specs(pins, roots)
         self.order = post_order(roots)
         self.params = [n for n in self.order if type(n) is DeviceData]
         self._program = None

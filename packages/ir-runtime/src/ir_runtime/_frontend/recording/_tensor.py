@@ -6,11 +6,12 @@ Every ATen op that reaches ``__torch_dispatch__`` is recorded as a node (``_reco
 recorded the same way.
 
 A tensor's value and placement are its own, written only by its methods here (``_set``,
-``_bind``, ``_annotate``, the ``data`` setter), which keep them consistent: ``_ir``, its value;
-``_spec``, the sharding the user annotated; ``_placed``, where the data it last held lives
-(``NEVER_HELD`` until it holds data); ``_held``, which data that was. The one exception is the C
-hot path (``_fast.torch_dispatch``), which gives a tensor it has just made its pending value, as
-``__new__`` would. ``_claim`` is the one rule that says where its next result lands.
+``_bind``, ``_restore``, ``_annotate``, the ``data`` setter), which keep them consistent:
+``_ir``, its value; ``_spec``, the sharding the user annotated; ``_placed``, where the data it
+last held lives (``NEVER_HELD`` until it holds data); ``_held``, which data that was. The one
+exception is the C hot path (``_fast.torch_dispatch``), which gives a tensor it has just made
+its pending value, as ``__new__`` would. ``_claim`` is the one rule that says where its next
+result lands.
 """
 
 from __future__ import annotations
