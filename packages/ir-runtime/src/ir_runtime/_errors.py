@@ -34,6 +34,36 @@ class ExecutionError(RuntimeIRError, RuntimeError):
     """A compiled program failed on the device."""
 
 
+class OutOfMemoryError(RuntimeIRError, MemoryError):
+    """A program whose buffers do not fit in its devices' memory: found before it runs, from
+    XLA's memory analysis of the compiled program, or reported by the device when it ran.
+    The message names the program's largest buffers (shape, dtype, the op and line that made
+    each)."""
+
+
+class DeviceMismatchError(RuntimeIRError, RuntimeError):
+    """Tensors on different devices combined in one op: a lazy tensor with a CPU model's
+    parameter, or tensors placed over two meshes whose devices differ (in set or in order).
+    Eager torch says "Expected all tensors to be on the same device"; so does this, naming
+    both tensors and where each lives."""
+
+
+class ProgramCheckError(RuntimeIRError, RuntimeError):
+    """A check the program made on its own values failed: under ``IR_RUNTIME_CHECKS=1``, an
+    index out of range or an integer division by zero, which XLA cannot raise inside a
+    program (it clamps the index, the quotient is undefined). Raised after the step that ran
+    it, naming the op and its source line, as the error eager raises at that op."""
+
+
+class CheckedIndexError(ProgramCheckError, IndexError):
+    """An index out of range, found by ``IR_RUNTIME_CHECKS=1`` (eager raises IndexError)."""
+
+
+class CheckedDivisionError(ProgramCheckError, ZeroDivisionError):
+    """An integer division by zero, found by ``IR_RUNTIME_CHECKS=1`` (eager raises
+    ``RuntimeError: ZeroDivisionError``)."""
+
+
 class DTypeError(RuntimeIRError, TypeError):
     """A dtype XLA cannot take on this backend."""
 
@@ -90,6 +120,12 @@ class CheckpointMismatchError(CheckpointError, ValueError):
 
 class CheckpointReadError(CheckpointError, ValueError):
     """A checkpoint orbax cannot read (a file damaged or missing)."""
+
+
+class CheckpointSaveError(CheckpointError, RuntimeError):
+    """A ``save_async`` that failed in the background: reported at ``join()`` and at the next
+    ``save``/``save_async``/``restore``, whichever comes first, with orbax's error as its
+    cause. The steps saved before it are untouched."""
 
 
 class RecomputeError(CheckpointError, RuntimeError):
