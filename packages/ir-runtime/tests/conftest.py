@@ -31,6 +31,18 @@ def _record_lowered_rules():
     _lower.rule_for = rule_for
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_device_order():
+    """After a module whose meshes used two device orders, ops stop being checked for them
+    (each op then goes through Python): the modules after it run as a process of one mesh."""
+    yield
+    from ir_runtime import _placement
+    from ir_runtime._frontend.recording import _fast
+
+    _placement.ORDERS.clear()
+    _fast.check_devices(None)
+
+
 def pytest_collection_modifyitems(items):
     """The rule-coverage check runs after everything else."""
     last = [item for item in items if item.fspath.basename == "test_rule_coverage.py"]

@@ -178,3 +178,37 @@ def test_examples_from_the_issue():
     assert a.to_hlo_text() == b.to_hlo_text()
     assert a.canonical_bytes() != b.canonical_bytes()
     assert a.kind is ShardingKind.PARTIAL
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_check_even_refuses_exactly_what_jax_cannot_place(data):
+    mesh = data.draw(meshes())
+    spec = ShardingSpec(mesh, data.draw(partition_specs(mesh)))
+    shape = tuple(data.draw(st.integers(0, 13)) for _ in range(spec.rank))
+    host = np.zeros(shape, np.float32)
+    try:
+        jax.device_put(host, jax_sharding(mesh, spec))
+    except ValueError as e:  # jax's IndivisibleError
+        event("uneven")
+        with pytest.raises(ShardingError, match=r"is not a multiple of") as raised:
+            spec.check_even(shape)
+        dim = int(str(raised.value).split("splits dim ")[1].split()[0])
+        assert shape[dim] % spec.tile_dims[dim], str(e)
+    else:
+        spec.check_even(shape)
+
+
+def test_check_even_names_the_dim_axes_and_blocks():
+    spec = ShardingSpec(Mesh(range(8), (4, 2), ("data", "model")), ("data", "model"))
+    with pytest.raises(ShardingError) as e:
+        spec.check_even((6, 5), "the tensor (6, 5)")
+    assert str(e.value) == (
+        "partition spec ('data', 'model') splits dim 0 of the tensor (6, 5) (size 6) over "
+        "'data' into 4 blocks, and 6 is not a multiple of 4; split only dims that divide "
+        "evenly (pad the tensor, or shard another dim): uneven blocks are not supported"
+    )
+    spec.check_even((8, 2))  # even
+    ShardingSpec.replicated(spec.mesh).check_even((3, 5, 7))  # fits any shape
+    with pytest.raises(ShardingError, match="has 2 entries"):
+        spec.check_even((8,))

@@ -52,4 +52,7 @@ def wait_device_ops() -> None:
     a = _LAST[0]
     _LAST[0] = None
     if a is not None and not a.is_deleted():
-        a.block_until_ready()
+        try:
+            a.block_until_ready()
+        except Exception as e:
+            raise _distributed.device_failure(e, "a program launched earlier") from e

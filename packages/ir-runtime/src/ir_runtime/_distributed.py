@@ -23,7 +23,7 @@ import time
 
 import jax
 
-from ir_runtime._errors import DistributedError, ExecutionError
+from ir_runtime._errors import DistributedError, ExecutionError, OutOfMemoryError
 from ir_runtime._jaxapi import distributed_client
 
 ENV_COORDINATOR = "IR_RUNTIME_COORDINATOR"
@@ -154,7 +154,7 @@ def process_count() -> int:
     return jax.process_count()
 
 
-def device_failure(e: Exception, what: str) -> ExecutionError:
+def device_failure(e: Exception, what: str) -> ExecutionError | OutOfMemoryError:
     """The error for ``what`` failing on the devices. Across processes the usual cause is a lost
     process, which gloo reports at once as a reset connection naming only an address: the
     watchdog gets its timeout to name the process (which ends this one). If every process stays
@@ -164,6 +164,8 @@ def device_failure(e: Exception, what: str) -> ExecutionError:
         deadline = time.monotonic() + w.timeout + 4 * w.interval
         while time.monotonic() < deadline:
             time.sleep(w.interval)
+    if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
+        return OutOfMemoryError(f"{what} ran out of device memory: {type(e).__name__}: {e}")
     return ExecutionError(f"{what} failed on the device: {type(e).__name__}: {e}")
 
 

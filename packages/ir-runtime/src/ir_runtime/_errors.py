@@ -119,13 +119,15 @@ class CheckpointMismatchError(CheckpointError, ValueError):
 
 
 class CheckpointReadError(CheckpointError, ValueError):
-    """A checkpoint orbax cannot read (a file damaged or missing)."""
+    """A checkpoint orbax cannot read (a file damaged or missing), or whose meta file is
+    missing, not JSON, or not shaped as ``save`` writes it (named with its step and path)."""
 
 
 class CheckpointSaveError(CheckpointError, RuntimeError):
-    """A ``save_async`` that failed in the background: reported at ``join()`` and at the next
-    ``save``/``save_async``/``restore``, whichever comes first, with orbax's error as its
-    cause. The steps saved before it are untouched."""
+    """A ``save_async`` that failed in the background: reported once, at ``join()`` or at the
+    next ``save``/``save_async`` that saves a step (one the interval skips neither waits nor
+    reports) or ``restore``, whichever comes first, with orbax's error as its cause. The call
+    that reports it does nothing else; the steps saved before it are untouched."""
 
 
 class RecomputeError(CheckpointError, RuntimeError):

@@ -15,6 +15,7 @@ from ir_core import DeviceData, Shape
 from ir_runtime import _collectives, _distributed, _metrics, _profile
 from ir_runtime._errors import CompileError
 from ir_runtime._lower import lowered
+from ir_runtime._memory import check_fits
 from ir_runtime._placement import spec_from_jax
 
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
@@ -72,6 +73,7 @@ class Executable:
             spec_from_jax(s, len(shape.dims), g.program)
             for s, shape in zip(shardings, self.out_shapes, strict=True)
         ]
+        check_fits(memory_of(self.compiled), self.program, g, self.out_specs)
         text = self.compiled.as_text() or ""
         self.has_collectives = any(c in text for c in _COLLECTIVES)
         self.sync = self.has_collectives and self.program.devices[0].platform == "cpu"

@@ -8,7 +8,7 @@ from ir_core import DeviceData, Value, post_order
 from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._errors import LoweringError
 from ir_runtime._placement import Program, spec_at, specs_of
-from ir_sharding import ShardingSpec
+from ir_sharding import ShardingError, ShardingSpec
 
 DEFAULT_DEVICES = ()  # device ids of a graph with no sharding: the default device
 # A pin (the front end's): replicated over the devices of the graph's program, whichever they
@@ -43,7 +43,7 @@ def _out_specs(pins, roots) -> list:
         if spec is None and pin is not None:
             if pin is not REPLICATED:
                 specs_of(pin)  # a ShardingSpec, or a clear error
-                pin.check_rank(r.shape.rank, f"root {k} ({r.shape})")
+                pin.check_even(r.shape.dims, f"root {k} ({r.shape})")
             own[k] = pin
     return own
 
@@ -88,15 +88,26 @@ class Graph:
     @property
     def program(self) -> Program:
         if self._program is None:
-            ids = None if self.mesh is None else set(self.mesh.device_ids)
+            ids = None if self.mesh is None else self.mesh.device_ids
             for n in self.order:
-                for spec in specs_of(n.sharding):
-                    if set(spec.mesh.device_ids) != ids:
+                sharding = n.sharding
+                if sharding is None:
+                    continue
+                for k, shape in enumerate(n.shapes):
+                    spec = spec_at(sharding, k)
+                    if spec is None:
+                        continue
+                    if spec.mesh.device_ids != ids:
                         raise LoweringError(
-                            f"one graph uses two device sets: {sorted(ids)} and "
-                            f"{sorted(spec.mesh.device_ids)} (from {n!r}); every sharding in "
-                            f"a program must be over the same devices"
+                            f"one graph uses two device orders: {list(ids)} (mesh "
+                            f"{self.mesh}) and {list(spec.mesh.device_ids)} (mesh {spec.mesh}, "
+                            f"from {n!r}); every sharding in a program must be over the same "
+                            f"devices in the same order (jax's device assignment)"
                         )
+                    try:
+                        spec.check_even(shape.dims, f"{n!r}")
+                    except ShardingError as e:
+                        raise LoweringError(str(e)) from e
             self._program = Program.of(self.mesh)
         return self._program
 

@@ -35,6 +35,22 @@ def spec_at(sharding, index: int):
 
 _PROGRAMS = Bounded(64)  # mesh -> Program, reused from step to step
 
+# The device orders (a mesh's ``device_ids``) placements have used, and who wants to know when
+# a second one appears: tensors over two orders cannot meet in one program (jax compiles a
+# program for one device assignment), and while there is only one, nobody needs to check.
+ORDERS: set = set()
+ON_SECOND_ORDER: list = []
+
+
+def note_order(mesh) -> None:
+    """Remember that something is placed over ``mesh``'s devices, in its order."""
+    ids = mesh.device_ids
+    if ids not in ORDERS:
+        ORDERS.add(ids)
+        if len(ORDERS) == 2:
+            for tell in ON_SECOND_ORDER:
+                tell()
+
 
 class Program:
     """The devices a graph runs on: the mesh of its shardings, or one device when it has none.
@@ -49,6 +65,8 @@ class Program:
         program = _PROGRAMS.get(mesh)
         if program is None:
             program = _PROGRAMS[mesh] = Program(mesh)
+            if mesh is not None:
+                note_order(mesh)
         return program
 
     def __init__(self, mesh):

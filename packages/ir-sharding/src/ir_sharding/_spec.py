@@ -313,9 +313,29 @@ class ShardingSpec(_ByBytes):
                 f"{what} has rank {rank}; give one entry per tensor dim (None where not split)"
             )
 
+    def check_even(self, global_shape, what: str = "the tensor") -> None:
+        """Raise ``ShardingError`` unless the spec fits ``global_shape`` (its rank) and every
+        split dim is a multiple of its number of blocks.
+
+        The blocks of an uneven dim are still defined (``device_indices``: XLA's rule, the
+        last ones shorter), but jax places and returns only even blocks, so a runtime on jax
+        refuses an uneven spec where it is given (torch_xla pads the blocks instead)."""
+        shape = self._check_shape(global_shape, what)
+        if self._tile is None:
+            return
+        for k, (d, t) in enumerate(zip(shape, self.tile_dims, strict=True)):
+            if d % t:
+                axes = self.partition_spec[k]
+                raise ShardingError(
+                    f"partition spec {self.partition_spec!r} splits dim {k} of {what} "
+                    f"(size {d}) over {axes!r} into {t} blocks, and {d} is not a multiple of "
+                    f"{t}; split only dims that divide evenly (pad the tensor, or shard "
+                    f"another dim): uneven blocks are not supported"
+                )
+
     # -- where the blocks are ---------------------------------------------------------------
 
-    def _check_shape(self, global_shape) -> tuple[int, ...]:
+    def _check_shape(self, global_shape, what: str | None = None) -> tuple[int, ...]:
         if isinstance(global_shape, (str, bytes)) or not hasattr(global_shape, "__iter__"):
             raise ShardingError(f"global_shape must be a sequence of ints, got {global_shape!r}")
         shape = tuple(global_shape)
@@ -324,7 +344,7 @@ class ShardingSpec(_ByBytes):
                 raise ShardingError(
                     f"global_shape {shape!r} has {d!r}; dims must be non-negative integers"
                 )
-        self.check_rank(len(shape), f"global shape {shape}")
+        self.check_rank(len(shape), what or f"global shape {shape}")
         return tuple(int(d) for d in shape)
 
     def shard_shape(self, global_shape) -> tuple[int, ...]:

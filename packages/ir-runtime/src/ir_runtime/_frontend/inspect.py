@@ -10,6 +10,7 @@ from ir_core import DeviceData
 from ir_runtime._executable import LAST_RUN
 from ir_runtime._frontend.recording import _dispatch, _fast, _record
 from ir_runtime._frontend.recording._tensor import LazyTensor
+from ir_runtime._frontend.steps import _step
 
 
 def value_of(t: LazyTensor):
@@ -44,6 +45,17 @@ def live_tensors() -> list:
 def live_references() -> list:
     """The live registry itself: weak references, oldest first (dead ones until compaction)."""
     return _fast.live_references()
+
+
+def device_orders_checked() -> bool:
+    """Whether every op is checked for tensors over two device orders (from the second device
+    order a placement uses on)."""
+    return _fast.checking_devices()
+
+
+def set_aside() -> list:
+    """The live tensors a failed step set aside (left out of later steps until written)."""
+    return [t for t in _fast.live() if _step.SET_ASIDE and _step._set_aside(t)]
 
 
 def functional_of(func):

@@ -2,11 +2,11 @@
 
 A checkpoint is an orbax ``CheckpointManager`` step directory with two items: ``arrays`` (every
 tensor, as orbax's standard pytree of arrays: each process writes only the shards it holds,
-nothing is gathered to one host) and ``meta`` (JSON: plain Python values, optimizer
-hyperparameters, which tensors were host tensors, the random streams). orbax writes a step
-into a temporary directory and renames it when complete, so a process killed during a save
-leaves the earlier checkpoints as they were and no partial one listed; ``max_to_keep`` deletes
-the oldest only once the newest is complete.
+nothing is gathered to one host; absent when the state holds no tensor) and ``meta`` (JSON:
+plain Python values, optimizer hyperparameters, which tensors were host tensors, the random
+streams). orbax writes a step into a temporary directory and renames it when complete, so a
+process killed during a save leaves the earlier checkpoints as they were and no partial one
+listed; ``max_to_keep`` deletes the oldest only once the newest is complete.
 
 What a state holds (a mapping of names to): modules (their ``state_dict``), optimizers (their
 ``state_dict``: per-parameter state and the parameter groups' hyperparameters), tensors (lazy
@@ -18,7 +18,14 @@ Restoring reads each array straight into the placement its tensor has now (its s
 the sharding of the parameter an optimizer state belongs to), whatever the layout it was saved
 from: another mesh, another process count, sharded or replicated. Everything is checked before
 anything is assigned: a key, shape or dtype that does not match is named, with both sides, and
-nothing changes.
+nothing changes; a ``meta`` file that is missing, not JSON or not shaped as written is named with
+its step and path (``CheckpointReadError``).
+
+A save that fails in the background (``save_async``: a full disk, a lost mount) is reported
+once, as ``CheckpointSaveError`` naming the step, by whichever comes first of ``join()`` and the
+next ``save``, ``save_async`` (one the interval does not skip) or ``restore``; the call that
+reports it does nothing else. The steps saved before it are untouched, and the manager saves
+and restores normally afterwards.
 
 Longer than 400 lines, as one module: saving and restoring are the two directions of one
 on-disk format (the ``arrays`` and ``meta`` items, their keys, the plain-value encoding, the
@@ -27,6 +34,7 @@ random streams), and side by side each key written can be seen to be read back.
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -43,6 +51,7 @@ from ir_runtime._errors import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CheckpointReadError,
+    CheckpointSaveError,
     CheckpointStateError,
 )
 from ir_runtime._frontend.recording import _rng
@@ -53,6 +62,12 @@ from ir_runtime._frontend.steps import _step
 from ir_sharding import ShardingSpec
 
 _PLAIN = (type(None), bool, int, float, str)
+_META_FILE = "metadata"  # the ``meta`` item's file in its step directory
+
+# What ``_snapshot`` writes into ``meta``, as ``restore`` reads it back: key -> JSON type.
+_META = {"plain": dict, "host": list, "optimizers": dict, "rng": dict}
+_META_RNG = {"seed": int, "step": int, "offset": int, "torch": list}
+_META_OPTIMIZER = {"groups": list, "plain": dict, "indices": list}
 
 
 def _orbax():
@@ -184,6 +199,12 @@ class CheckpointManager:
             when ``force=True``).
         max_to_keep: how many checkpoints to keep (None: all); the oldest go first, once the
             newest is complete.
+
+    A ``save_async`` that fails in the background raises ``CheckpointSaveError`` (naming its
+    step, orbax's error as the cause) once: at ``join()`` or at the next ``save``,
+    ``save_async`` or ``restore``, whichever comes first. Those wait for a save still running,
+    so every process of a run reports it at the same call; a ``save_async`` the interval
+    skips neither waits nor reports.
     """
 
     def __init__(self, directory, save_interval: int = 1, max_to_keep: int | None = None):
@@ -218,9 +239,10 @@ class CheckpointManager:
             options=options,
             item_handlers={
                 "arrays": ocp.StandardCheckpointHandler(),
-                "meta": ocp.JsonCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler(_META_FILE),
             },
         )
+        self._saving: int | None = None  # the step save_async started that join has not seen
 
     # -- what there is ---------------------------------------------------------------------
 
@@ -244,11 +266,13 @@ class CheckpointManager:
     def save_async(self, step: int, state, force: bool = False) -> bool:
         """Snapshot ``state`` as ``step`` and write it in the background: returns once the
         device data is copied out, so training can go on; a save still running is waited for
-        first. False when the interval skips this step."""
+        first (and its failure raised: class docstring). False when the interval skips this
+        step: then it returns at once, neither waiting nor reporting."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointArgumentError(f"a checkpoint step is a non-negative int, got {step!r}")
         if not force and step % self.save_interval:
             return False
+        self.join()  # before all_steps(): a step still being written is listed until it fails
         if step in self.all_steps():
             raise CheckpointExistsError(
                 f"step {step} is already saved in {self.directory}: a step is saved once; save "
@@ -256,22 +280,40 @@ class CheckpointManager:
             )
         arrays, meta = self._snapshot(state)
         ocp = self._ocp
-        self._mngr.save(
-            step,
-            args=ocp.args.Composite(
-                arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
-        )
+        items = {"meta": ocp.args.JsonSave(meta)}
+        if arrays:  # orbax refuses an empty tree: a state of plain values saves no arrays item
+            items["arrays"] = ocp.args.StandardSave(arrays)
+        try:
+            self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
+        except Exception as e:
+            raise self._save_error(step, e) from e
+        self._saving = step
         return True
 
     def join(self) -> None:
-        """Wait until every save started has been written."""
-        self._mngr.wait_until_finished()
+        """Wait until every save started has been written; a failed one raises
+        ``CheckpointSaveError`` (class docstring)."""
+        step, self._saving = self._saving, None
+        try:
+            self._mngr.wait_until_finished()
+        except Exception as e:
+            raise self._save_error(step, e) from e
 
     def close(self) -> None:
-        self.join()
-        self._mngr.close()
+        """Wait for the save still running (raising its failure), and release orbax's
+        threads: closed either way."""
+        try:
+            self.join()
+        finally:
+            self._mngr.close()
+
+    def _save_error(self, step, e: Exception) -> CheckpointSaveError:
+        return CheckpointSaveError(
+            f"saving checkpoint step {step} in {self.directory} failed: "
+            f"{type(e).__name__}: {e}. Step {step} is not saved; the steps saved before it "
+            f"({self.all_steps()}) are untouched: fix the cause (disk space, permissions) and "
+            f"save the step again"
+        )
 
     def _snapshot(self, state):
         if not isinstance(state, dict):
@@ -325,7 +367,9 @@ class CheckpointManager:
     def restore(self, step, state) -> int:
         """Restore ``step`` (None: the latest) into ``state`` (as ``save`` took it): tensors
         rebound to the saved data placed as each is now, optimizers loaded, plain values
-        written back into ``state``. Returns the step."""
+        written back into ``state``. Returns the step. A save still running is waited for
+        first (and its failure raised: class docstring)."""
+        self.join()
         steps = self.all_steps()
         if step is None:
             if not steps:
@@ -339,11 +383,9 @@ class CheckpointManager:
                 f"no checkpoint of step {step} in {self.directory}; the complete ones are {steps}"
             )
         ocp = self._ocp
-        try:
-            meta = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
-                "meta"
-            ]
-            saved = self._mngr.item_metadata(step)["arrays"]
+        meta = self._read_meta(step)
+        try:  # (no arrays item: the state saved held no tensor)
+            saved = self._mngr.item_metadata(step).get("arrays") or {}
         except Exception as e:
             raise CheckpointReadError(
                 f"checkpoint {step} in {self.directory} cannot be read: {e}"
@@ -351,14 +393,16 @@ class CheckpointManager:
         _run_pending()
         targets = self._targets(state, meta)
         abstract = _check(targets, saved, set(meta["host"]))
-        try:
-            restored = self._mngr.restore(
-                step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract))
-            )["arrays"]
-        except Exception as e:
-            raise CheckpointReadError(
-                f"checkpoint {step} in {self.directory} cannot be read: {e}"
-            ) from e
+        restored = {}
+        if abstract:  # (orbax refuses an empty tree, as in save_async)
+            try:
+                restored = self._mngr.restore(
+                    step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract))
+                )["arrays"]
+            except Exception as e:
+                raise CheckpointReadError(
+                    f"checkpoint {step} in {self.directory} cannot be read: {e}"
+                ) from e
         for name, part in targets.items():  # everything checked and read: assign
             if isinstance(part, _OptimizerTarget):
                 part.load(restored.get(name, {}), meta)
@@ -371,6 +415,37 @@ class CheckpointManager:
                 state[name] = _unplain(value)
         _restore_rng(meta["rng"])
         return step
+
+    def _read_meta(self, step: int) -> dict:
+        """The ``meta`` item of ``step``, checked to be shaped as ``_snapshot`` writes it: a
+        damaged file is named here, not met as a KeyError halfway through a restore."""
+        path = os.path.join(self.directory, str(step), "meta", _META_FILE)
+        others = [s for s in self.all_steps() if s != step]
+        fix = (
+            "a step restores only from the meta file its save wrote: restore another step "
+            f"({others})"
+        )
+        try:
+            meta = self._mngr.restore(
+                step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore())
+            )["meta"]
+        except Exception as e:
+            if not os.path.exists(path):
+                what = "is missing"
+            elif isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
+                what = f"is not JSON, truncated or overwritten ({type(e).__name__}: {e})"
+            else:
+                what = f"cannot be read ({type(e).__name__}: {e})"
+            raise CheckpointReadError(
+                f"checkpoint step {step}: its meta file {path} {what}; {fix}"
+            ) from e
+        wrong = _meta_problem(meta)
+        if wrong is not None:
+            raise CheckpointReadError(
+                f"checkpoint step {step}: its meta file {path} is JSON but not what save "
+                f"writes ({wrong}); {fix}"
+            )
+        return meta
 
     def _targets(self, state, meta) -> dict:
         """Per part of ``state``: ``{key: _Entry}`` for tensors, or an assignment function."""
@@ -446,6 +521,27 @@ class _OptimizerTarget:
                 s[k] = _unplain(v)
             sd["state"][i] = s
         self.opt.load_state_dict(sd)
+
+
+def _meta_problem(meta) -> str | None:
+    """What makes ``meta`` other than ``_snapshot`` writes it (its keys and their JSON types,
+    the random streams' and each optimizer's too), or None."""
+
+    def problem(d, keys: dict, where: str) -> str | None:
+        if not isinstance(d, dict):
+            return f"{where} is a {type(d).__name__}, not a dict"
+        for k, kind in keys.items():
+            if k not in d:
+                return f"{where} has no {k!r}; it has {sorted(d)}"
+            if not isinstance(d[k], kind):
+                return f"{where}[{k!r}] is a {type(d[k]).__name__}, not a {kind.__name__}"
+        return None
+
+    if (found := problem(meta, _META, "the top level")) is not None:
+        return found
+    inner = [("'rng'", meta["rng"], _META_RNG)]
+    inner += [(f"optimizer {n!r}", o, _META_OPTIMIZER) for n, o in meta["optimizers"].items()]
+    return next(filter(None, (problem(d, keys, where) for where, d, keys in inner)), None)
 
 
 def _check(targets: dict, saved, host: set) -> dict:

@@ -111,7 +111,9 @@ def place_local(local: torch.Tensor, spec: ShardingSpec, global_shape=None):
     spec.check_rank(local.dim(), f"the tensor {tuple(local.shape)}")
     if global_shape is not None:
         global_shape = tuple(int(d) for d in global_shape)
-        spec.check_rank(len(global_shape), f"global_shape {global_shape}")
+        spec.check_even(global_shape, f"global_shape {global_shape}")
+    elif spec.to_jax().is_fully_addressable:
+        spec.check_even(tuple(local.shape), f"the tensor {tuple(local.shape)}")
     sharding = spec.to_jax()
     try:
         if sharding.is_fully_addressable and global_shape in (None, tuple(local.shape)):
@@ -143,7 +145,7 @@ def process_local_slices(mesh: Mesh, partition_spec, global_shape) -> tuple:
     ``from_process_local``."""
     spec = ShardingSpec(mesh, partition_spec)
     global_shape = tuple(int(d) for d in global_shape)
-    spec.check_rank(len(global_shape), f"global_shape {global_shape}")
+    spec.check_even(global_shape, f"global_shape {global_shape}")
     index = spec.to_jax().addressable_devices_indices_map(global_shape)
     out = []
     for dim, n in enumerate(global_shape):
@@ -177,7 +179,8 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
 
             Each mesh axis shards at most one dim, once. Mesh axes the spec leaves out
             replicate: each block is held by every device along them (``(None, None)``
-            replicates ``t`` whole). A split dim should be a multiple of its number of blocks.
+            replicates ``t`` whole). A split dim must be a multiple of its number of blocks
+            (jax's rule: uneven blocks are refused here, where torch_xla pads them).
 
     Returns:
         ``t`` itself, annotated (and placed, if it holds data).
@@ -186,10 +189,9 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
         ShardingError: ``t`` is not a lazy tensor; ``mesh`` is not a ``Mesh``;
             ``partition_spec`` is not a tuple or list (a bare ``"data"``), has an entry of
             another kind, an unknown axis name, an index out of range, or a mesh axis twice,
-            or has not one entry per dim of ``t``; or the call is inside a body traced on
-            placeholders (``shard_map``, ``scan_layers``).
-        ValueError: a split dim of a tensor holding data is not a multiple of its number of
-            blocks (jax's check, here; for a tensor with pending work, when its step compiles).
+            or has not one entry per dim of ``t``; or splits a dim into blocks it is not a
+            multiple of (for data and pending work alike); or the call is inside a body
+            traced on placeholders (``shard_map``, ``scan_layers``).
 
     Example, with 8 devices as a 4 x 2 mesh::
 
@@ -206,7 +208,7 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
     check_lazy(t, "mark_sharding")
     _step.no_region("calls mark_sharding (inside a manual region every tensor is one device's)")
     spec = ShardingSpec(mesh, partition_spec)
-    spec.check_rank(t.dim(), f"the tensor {tuple(t.shape)}")
+    spec.check_even(tuple(t.shape), f"the tensor {tuple(t.shape)}")
     _relink_annotated(t, spec)
     t._annotate(spec)
     return t

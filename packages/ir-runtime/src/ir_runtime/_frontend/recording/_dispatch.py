@@ -22,7 +22,7 @@ import ir_sharding
 from ir_runtime import _metrics
 from ir_runtime._bounded import Bounded
 from ir_runtime._errors import UnsupportedOpError
-from ir_runtime._frontend.recording import _fast
+from ir_runtime._frontend.recording import _device_orders, _fast
 from ir_runtime._frontend.recording._meta import MEMO, infer
 from ir_runtime._frontend.recording._record import (
     LEAVES,
@@ -36,6 +36,7 @@ from ir_runtime._frontend.recording._record import (
 from ir_runtime._frontend.recording._tensor import DATA, LazyTensor, as_value
 from ir_runtime._frontend.recording._views import rebind, write_through
 from ir_runtime._lowering import RULES, _registry
+from ir_runtime._placement import ON_SECOND_ORDER, ORDERS
 
 aten = torch.ops.aten
 # torch's core ATen decompositions first, then its wider table (mse_loss and friends).
@@ -290,6 +291,17 @@ _fast.configure(
     dispatch=_dispatch,
     record_=record,
 )
+
+
+def _check_device_orders() -> None:
+    _fast.check_devices(_device_orders.check)
+
+
+# Ops are checked for tensors over two device orders once a second order exists (or now, when
+# one already does).
+ON_SECOND_ORDER.append(_check_device_orders)
+if len(ORDERS) > 1:
+    _check_device_orders()
 
 
 def configure_origins() -> None:

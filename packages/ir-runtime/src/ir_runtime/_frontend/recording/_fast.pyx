@@ -84,6 +84,7 @@ cdef object attr_value = None
 cdef object as_value = None
 cdef object slow = None          # the Python __torch_dispatch__ body
 cdef object record = None
+cdef object checked = None       # while set: every op goes through it (``check_devices``)
 cdef list LIVE = []              # weak references to every lazy tensor, in creation order
 cdef Py_ssize_t compact_at = 10_000
 cdef int UNTRACKED = 0           # > 0 while a region is traced: its tensors are not live
@@ -469,8 +470,33 @@ def forget():
     PLANS.clear()
 
 
+def check_devices(check):
+    """Route every op through ``check(cls, func, types, args, kwargs)`` (None: stop), which
+    checks the devices its tensors live on and calls ``dispatch``: once tensors live over two
+    device orders (``_devices``), no op may combine them."""
+    global checked
+    checked = check
+
+
+def checking_devices():
+    """Whether ops go through the device check (``check_devices``)."""
+    return checked is not None
+
+
 def torch_dispatch(cls, func, types, args=(), kwargs=None):
-    """``LazyTensor.__torch_dispatch__``: a seen op with one output, recorded here."""
+    """``LazyTensor.__torch_dispatch__``."""
+    if checked is not None:
+        return checked(cls, func, types, args, kwargs)
+    return dispatch_(cls, func, types, args, kwargs)
+
+
+def dispatch(cls, func, types, args=(), kwargs=None):
+    """``torch_dispatch`` unchecked."""
+    return dispatch_(cls, func, types, args, kwargs)
+
+
+cdef object dispatch_(object cls, object func, object types, object args, object kwargs):
+    """A seen op with one output, recorded here; the rest to the Python dispatch."""
     cdef PyObject* p
     cdef Positional plan
     if not kwargs and type(args) is tuple:  # torch passes a tuple

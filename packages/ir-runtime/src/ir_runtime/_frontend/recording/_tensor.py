@@ -26,6 +26,7 @@ from ir_runtime._errors import UnsupportedOpError
 from ir_runtime._frontend.recording import _fast
 from ir_runtime._frontend.recording._convert import DEVICE, IR_TO_TORCH, host_numpy, shape_of
 from ir_runtime._graph import REPLICATED
+from ir_runtime._placement import note_order
 
 _make = torch.Tensor._make_wrapper_subclass
 DATA = torch._C.TensorBase.data  # torch's own .data descriptor
@@ -123,6 +124,8 @@ class LazyTensor(torch.Tensor):
 
     def _annotate(self, spec) -> None:
         """The user's sharding for this tensor (None: none)."""
+        if spec is not None:
+            note_order(spec.mesh)
         self._spec = spec
 
     def _where(self):

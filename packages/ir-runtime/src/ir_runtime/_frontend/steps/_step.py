@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -10,13 +11,16 @@ import torch._lazy
 
 from ir_core import DeviceData, Value, post_order
 from ir_runtime import _debug, _donation, _metrics, _profile
+from ir_runtime._cache import CACHE
 from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import fetch
 from ir_runtime._execute import run_graph
-from ir_runtime._frontend.recording import _fast, _rng
+from ir_runtime._frontend.recording import _device_orders, _fast, _rng
 from ir_runtime._frontend.recording._convert import host_tensor
 from ir_runtime._frontend.recording._tensor import LazyTensor, live
 from ir_sharding import ShardingError
+
+_ref = weakref.ref
 
 
 def pending(t: LazyTensor) -> bool:
@@ -44,16 +48,23 @@ def _pin(tensors):
     return roots, seen, pins
 
 
-def run(tensors, held: set, only=None):
-    """Run the graph of ``tensors`` and bind each to its result, donating what
-    ``_donation.Donor(held, only)`` allows; returns ``run_graph``'s ``(results, executable,
-    graph, arrays)`` and each tensor's root index."""
+def _prepare(tensors, held: set, only=None):
+    """``(roots, each tensor's root index, what to donate, where each root lands)`` for a
+    program computing ``tensors``."""
     roots, position, pins = _pin(tensors)
     where = [position[(id(t._ir.node), t._ir.index)] for t in tensors]
     donate = ()
     if _donation.ENABLED[0]:
         replaces = {t._held: k for t, k in zip(tensors, where, strict=True) if t._held}
         donate = _donation.Donor(held, only, replaces)
+    return roots, where, donate, pins
+
+
+def run(tensors, held: set, only=None):
+    """Run the graph of ``tensors`` and bind each to its result, donating what
+    ``_donation.Donor(held, only)`` allows; returns ``run_graph``'s ``(results, executable,
+    graph, arrays)`` and each tensor's root index."""
+    roots, where, donate, pins = _prepare(tensors, held, only)
     ran = run_graph(roots, donate=donate, out_shardings=pins)
     results = ran[0]
     for t, k in zip(tensors, where, strict=True):
@@ -154,6 +165,110 @@ def no_region(what: str) -> None:
         )
 
 
+# Tensors whose program failed before it bound anything: id -> (a weak reference to the
+# tensor, the value it failed with). While a tensor keeps that value, steps leave it out, so
+# that a later step with other work does not fail for it again; reading it runs it alone.
+SET_ASIDE: dict = {}
+
+
+def _set_aside(t: LazyTensor) -> bool:
+    entry = SET_ASIDE.get(id(t))
+    if entry is None:
+        return False
+    if entry[0]() is t and entry[1] is t._ir:
+        return True
+    del SET_ASIDE[id(t)]  # written since (or a new tensor where a dead one was)
+    return False
+
+
+def _components(tensors) -> list[list]:
+    """``tensors`` grouped by the computed nodes their graphs share (data leaves do not
+    join them), oldest first: the programs they could run as separately."""
+    parent: dict = {}
+
+    def find(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for n in post_order([t._ir for t in tensors]):
+        if type(n) is DeviceData:
+            continue
+        nid = parent[id(n)] = id(n)
+        for v in n.operands:
+            if type(v.node) is not DeviceData:
+                a, b = find(id(v.node)), find(nid)
+                if a != b:
+                    parent[a] = b
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault(find(id(t._ir.node)), []).append(t)
+    return list(groups.values())
+
+
+def _run_or_set_aside(tensors, held: set) -> None:
+    """``run``; when its program cannot be made or run, set aside the tensors it fails for
+    (``SET_ASIDE``), named in a note on the error, before raising it.
+
+    Those are found by compiling the step again, a group of tensors (``_components``) at a
+    time, oldest first, each added to those that fit: a group whose program fails alone, or
+    that makes the groups before it fail, is set aside. When every group fits (the program
+    failed when it ran), every tensor of the step is."""
+    try:
+        run(tensors, held)
+    except Exception as e:
+        groups = _components(tensors)
+        failing, fits = [], []
+        for group in groups if len(groups) > 1 else ():
+            trial = fits + group
+            chosen = {id(t) for t in trial}
+            rest = [u._ir for u in tensors if id(u) not in chosen]
+            keep = held | {id(n) for n in post_order(rest) if type(n) is DeviceData}
+            roots, _, donate, pins = _prepare(trial, keep)
+            try:
+                CACHE.get(roots, donate, pins)
+            except Exception:  # noqa: BLE001  (whatever failed the step)
+                failing += group
+            else:
+                fits = trial
+        failing = failing or tensors
+        for t in failing:
+            SET_ASIDE[id(t)] = (_ref(t), t._ir)
+        names = ", ".join(_name(t) for t in failing[:8])
+        more = f" and {len(failing) - 8} more" if len(failing) > 8 else ""
+        e.add_note(
+            f"ir_runtime: {len(failing)} tensor(s) set aside: {names}{more}. Each keeps its "
+            f"pending value; later steps leave it out until it is written, and reading it "
+            f"runs it alone (raising this again if it still cannot run)"
+        )
+        raise
+
+
+def _by_device_order(tensors) -> list[list]:
+    """``tensors`` grouped by the device order of their meshes (``_device_orders``), each in
+    creation order: one program each, since no op combines two. Tensors over no mesh join the
+    first group."""
+    keys = []
+    for t in tensors:
+        mesh = _device_orders.mesh_of(t)
+        keys.append(None if mesh is None else mesh.device_ids)
+    orders = [k for k in dict.fromkeys(keys) if k is not None]
+    if len(orders) <= 1:
+        return [tensors]
+    groups: dict = {k: [] for k in orders}
+    for t, k in zip(tensors, keys, strict=True):
+        groups[orders[0] if k is None else k].append(t)
+    return list(groups.values())
+
+
+def _name(t: LazyTensor) -> str:
+    node = t._ir.node
+    origin = node.origin
+    at = f" at {origin}" if origin is not None else ""
+    return f"{t._ir.shape} from {node.op}{at}"
+
+
 def mark_step() -> None:
     """Run everything the live lazy tensors are waiting for, as one program, and bind each
     tensor to its result. Tensors no longer alive are not computed."""
@@ -168,7 +283,22 @@ def mark_step() -> None:
     _rng.next_step()
     if tensors:
         with _metrics.timed("MarkStepTime"), _profile.span("ir_runtime.mark_step"):
-            run(tensors, held)
+            groups = _by_device_order(tensors) if _fast.checking_devices() else [tensors]
+            failed = None
+            for group in groups:
+                keep = held
+                if len(groups) > 1:  # what the other programs read is not donated
+                    others = [u._ir for g in groups if g is not group for u in g]
+                    keep = held | {id(n) for n in post_order(others) if type(n) is DeviceData}
+                try:
+                    _run_or_set_aside(group, keep)
+                except Exception as e:
+                    failed = failed or e
+            if failed is not None:
+                try:
+                    raise failed
+                finally:
+                    failed = None  # (kept, this frame and the error would form a cycle)
     _last_step_end[0] = time.perf_counter()
     _profile.step_ended()
 
@@ -181,7 +311,7 @@ def materialize(t: LazyTensor) -> DeviceData:
     no_region("reads a value to the host (.item(), a Python if on a tensor)")
     if pending(t):
         busy, held = split_live()
-        tensors = _sharing(t, busy)
+        tensors = [t] if SET_ASIDE and _set_aside(t) else _sharing(t, busy)
         _metrics.count("HostRead")
         _metrics.count("HostReadTensors", len(tensors))
         if _debug.DEBUG[0]:
@@ -190,19 +320,27 @@ def materialize(t: LazyTensor) -> DeviceData:
             chosen = {id(u) for u in tensors}
             rest = [u._ir for u in busy if id(u) not in chosen]
             held.update(id(n) for n in post_order(rest) if type(n) is DeviceData)
-        run(tensors, held)
+        _run_or_set_aside(tensors, held)
     return t._ir.node
 
 
 def split_live() -> tuple[list, set]:
-    """The live pending tensors, oldest first, and the ids of the data the others hold."""
+    """The live pending tensors, oldest first (but those set aside), and the ids of the data
+    the others hold or read (a tensor set aside still needs what its value reads)."""
     busy, held = [], set()
+    aside = []
     for t in live():
         n = t._ir.node
         if type(n) is DeviceData:
             held.add(id(n))
+        elif SET_ASIDE and _set_aside(t):
+            aside.append(t._ir)
         else:
             busy.append(t)
+    if SET_ASIDE:
+        for k in [k for k, (ref, _) in SET_ASIDE.items() if ref() is None]:
+            del SET_ASIDE[k]
+        held.update(id(n) for n in post_order(aside) if type(n) is DeviceData)
     return busy, held
 
 
