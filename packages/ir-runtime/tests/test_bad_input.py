@@ -261,9 +261,7 @@ def test_the_check_reads_xla_memory_analysis(monkeypatch):
     assert "4.0 KB in all, more than this host's memory" in str(e.value)
     assert "(4.0 KB inputs, 512 bytes results," in str(e.value)
     # The input, unsharded, is whole on each device; the result's shard is 64 * 16 * 4 / 8.
-    assert "its largest buffers: input float32[64,16]: 4.0 KB per device; result " in str(
-        e.value
-    )
+    assert "its largest buffers: input float32[64,16]: 4.0 KB per device; result " in str(e.value)
     assert "from aten::mul.Tensor at " in str(e.value)
     assert "test_bad_input.py:" in str(e.value)
 

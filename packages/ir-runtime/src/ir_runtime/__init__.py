@@ -59,7 +59,7 @@ from ir_runtime._metrics import metrics, metrics_report, reset_metrics
 from ir_runtime._profile import profile
 from ir_sharding import Mesh
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 register_lowering = register
 

@@ -12,7 +12,7 @@ import jax
 import jaxlib
 
 from ir_core import graph_fingerprint, graph_hash
-from ir_runtime import _check, _debug, _donation, _metrics
+from ir_runtime import _check, _debug, _donation, _metrics, _runtime_checks
 from ir_runtime._dtypes import X64, enable_x64
 from ir_runtime._executable import Executable
 from ir_runtime._graph import Graph
@@ -31,10 +31,11 @@ class CompileCache:
         self._entries: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
-    def _key(self, g: Graph, donate: tuple):
+    def _key(self, g: Graph, donate: tuple, checked: bool):
         # (a root's own annotation is in its hash already; a pin is not)
         outs = tuple(None if s is None else s.canonical_bytes() for s in g.out_specs)
-        return (graph_hash(g.roots), donate, outs, g.device_ids, _ENV, jax.config.jax_enable_x64)
+        x64 = jax.config.jax_enable_x64
+        return (graph_hash(g.roots), donate, outs, g.device_ids, _ENV, x64, checked)
 
     def get(self, roots, donate=(), out_shardings=None) -> tuple[Executable, Graph]:
         start = time.perf_counter()
@@ -42,7 +43,8 @@ class CompileCache:
             enable_x64()
         g = Graph(roots, out_shardings)
         donate = _donation.indices(g, donate)  # (indices, the order of the results)
-        key = self._key(g, donate)
+        checked = _runtime_checks.enabled()  # (IR_RUNTIME_PROGRAM_CHECKS: a program of its own)
+        key = self._key(g, donate, checked)
         fingerprint = graph_fingerprint(g.roots)
         with self._lock:
             bucket = self._entries.get(key)
@@ -59,8 +61,8 @@ class CompileCache:
         _metrics.record("GraphNodes", len(g.order))
         summary = None
         if _debug.DEBUG[0]:
-            summary = _debug.compiling(g.order, g.roots, _debug_extra(g, donate))
-        exe = Executable(g, *donate, fingerprint)
+            summary = _debug.compiling(g.order, g.roots, _debug_extra(g, donate, checked))
+        exe = Executable(g, *donate, fingerprint, checked=checked)
         _debug.compiled(summary)
         with self._lock:
             bucket = self._entries.get(key)
@@ -80,9 +82,10 @@ class CompileCache:
         return sum(len(b) for b in self._entries.values())
 
 
-def _debug_extra(g: Graph, donate) -> dict:
+def _debug_extra(g: Graph, donate, checked: bool) -> dict:
     """What else keys the program, as the debugger names it."""
     return {
+        "checked (IR_RUNTIME_PROGRAM_CHECKS)": checked,
         "donated parameters": list(donate[0]),
         "the order of the results (donation's pairing)": donate[1],
         "where the results land": [None if s is None else str(s) for s in g.out_specs],

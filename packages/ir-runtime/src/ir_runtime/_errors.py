@@ -49,18 +49,18 @@ class DeviceMismatchError(RuntimeIRError, RuntimeError):
 
 
 class ProgramCheckError(RuntimeIRError, RuntimeError):
-    """A check the program made on its own values failed: under ``IR_RUNTIME_CHECKS=1``, an
+    """A check the program made on its own values failed: under ``IR_RUNTIME_PROGRAM_CHECKS=1``, an
     index out of range or an integer division by zero, which XLA cannot raise inside a
     program (it clamps the index, the quotient is undefined). Raised after the step that ran
     it, naming the op and its source line, as the error eager raises at that op."""
 
 
 class CheckedIndexError(ProgramCheckError, IndexError):
-    """An index out of range, found by ``IR_RUNTIME_CHECKS=1`` (eager raises IndexError)."""
+    """An index out of range, found by ``IR_RUNTIME_PROGRAM_CHECKS=1`` (eager raises IndexError)."""
 
 
 class CheckedDivisionError(ProgramCheckError, ZeroDivisionError):
-    """An integer division by zero, found by ``IR_RUNTIME_CHECKS=1`` (eager raises
+    """An integer division by zero, found by ``IR_RUNTIME_PROGRAM_CHECKS=1`` (eager raises
     ``RuntimeError: ZeroDivisionError``)."""
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from ir_core import DeviceData, Shape
-from ir_runtime import _collectives, _distributed, _metrics, _profile
+from ir_runtime import _collectives, _distributed, _metrics, _profile, _runtime_checks
 from ir_runtime._errors import CompileError
 from ir_runtime._lower import lowered
 from ir_runtime._memory import check_fits
@@ -45,10 +45,12 @@ class Executable:
 
     ``donate``: the parameters (indices) whose buffers the results take over; ``order``: the
     order the program itself returns its results in (None: the roots'), so that jax pairs
-    each donated parameter with the result meant to replace it (``_output_order``)."""
+    each donated parameter with the result meant to replace it (``_output_order``);
+    ``checked``: a checked program (``_runtime_checks``), whose ``run`` raises a failed check."""
 
-    def __init__(self, g, donate: tuple, order, fingerprint: bytes):
-        lowering = lowered(g, donate, order)
+    def __init__(self, g, donate: tuple, order, fingerprint: bytes, checked: bool = False):
+        self.checks = [] if checked else None  # filled as the program is traced
+        lowering = lowered(g, donate, order, self.checks)
         start = time.perf_counter()
         try:
             with _profile.span("ir_runtime.compile"):
@@ -68,7 +70,7 @@ class Executable:
         # The program returns its results in ``order`` (donation's pairing); run() returns
         # them in the roots' order.
         self._unorder = None if order is None else tuple(order.index(r) for r in range(len(order)))
-        shardings = self._roots_order(self.compiled.output_shardings)
+        shardings = self._roots_order(self.compiled.output_shardings[: len(self.out_shapes)])
         self.out_specs = [
             spec_from_jax(s, len(shape.dims), g.program)
             for s, shape in zip(shardings, self.out_shapes, strict=True)
@@ -107,8 +109,12 @@ class Executable:
                 outs = self.compiled(*arrays)
         except Exception as e:
             raise _distributed.device_failure(e, "the program") from e
+        if self.checks is not None:
+            outs, flags = outs[:-1], outs[-1]
         if self._unorder is not None:
             outs = [outs[j] for j in self._unorder]
         _collectives.launched(outs, self.sync)
         _metrics.executed(time.perf_counter() - start, len(self.donate))
+        if self.checks:
+            _runtime_checks.verify(self.checks, flags)
         return outs

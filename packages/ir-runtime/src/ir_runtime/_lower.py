@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 
 from ir_core import DeviceData, post_order
-from ir_runtime import _metrics, _profile
+from ir_runtime import _metrics, _profile, _runtime_checks
 from ir_runtime._dtypes import enable_x64, name_of
 from ir_runtime._errors import LoweringError, RuntimeIRError
 from ir_runtime._graph import Graph
@@ -18,10 +18,11 @@ from ir_runtime._rewrite import rewrite
 class _Lifted:
     """A node seen by its rule with lifted scalars back in its attributes, as traced values."""
 
-    __slots__ = ("attrs", "op", "shapes")
+    __slots__ = ("attrs", "op", "origin", "shapes")
 
     def __init__(self, node, attrs):
         self.op = node.op
+        self.origin = node.origin
         self.shapes = node.shapes
         self.attrs = attrs
 
@@ -77,35 +78,43 @@ def lower_node(n, operands, program):
     return tuple(checked)
 
 
-def function(g: Graph, out_order=None):
+def function(g: Graph, out_order=None, checks=None):
     """The graph as a function of its parameters' arrays (in ``g.params`` order), after the
     rewrite rules, returning the roots' results (in ``out_order``, when given). It closes over
     the nodes, so it is used only to trace and then dropped: the cache keeps compiled
-    programs, not graphs."""
+    programs, not graphs. ``checks``: a list, for a checked program (``_runtime_checks``):
+    tracing fills it, and the function returns the checks' flags after the results."""
     params, program = g.params, g.program
     roots = rewrite(g.roots, g.order)
     order = g.order if roots is g.roots else post_order(roots)
 
     def run(*args):
         env = {id(p): (a,) for p, a in zip(params, args, strict=True)}
-        for n in order:
-            if type(n) is not DeviceData:
-                env[id(n)] = lower_node(n, [env[id(v.node)][v.index] for v in n.operands], program)
+        with _runtime_checks.collecting(checks) as collector:
+            for n in order:
+                if type(n) is not DeviceData:
+                    operands = [env[id(v.node)][v.index] for v in n.operands]
+                    env[id(n)] = lower_node(n, operands, program)
         outs = [env[id(r.node)][r.index] for r in roots]
-        return tuple(outs if out_order is None else (outs[k] for k in out_order))
+        outs = tuple(outs if out_order is None else (outs[k] for k in out_order))
+        return outs if collector is None else (*outs, collector.result())
 
     return run
 
 
-def lowered(g: Graph, donate: tuple = (), order=None):
+def lowered(g: Graph, donate: tuple = (), order=None, checks=None):
     """``jax.jit`` of the graph's function, lowered for its parameters' shapes and shardings;
-    ``order``: the order it returns the roots' results in (None: theirs)."""
+    ``order``: the order it returns the roots' results in (None: theirs); ``checks``: a list,
+    for a checked program (``function``), whose flags come last, replicated."""
     outs = g.out_shardings()
+    outs = tuple(outs if order is None else (outs[k] for k in order))
+    if checks is not None:
+        outs += (g.program.replicated,)
     with _metrics.timed("LowerTime"), _profile.span("ir_runtime.lower"):
         fn = jax.jit(
-            function(g, order),
+            function(g, order, checks),
             in_shardings=g.in_shardings(),
-            out_shardings=tuple(outs if order is None else (outs[k] for k in order)),
+            out_shardings=outs,
             donate_argnums=donate,
             keep_unused=True,
         )
@@ -114,8 +123,10 @@ def lowered(g: Graph, donate: tuple = (), order=None):
 
 
 def lower(roots, debug_info: bool = False) -> str:
-    """The StableHLO text of the graph of ``roots`` (a ``Value`` or a list of them);
-    ``debug_info``: with each operation's location (``loc(...)``: the file and line that
-    recorded its node, where the node has an ``origin``)."""
+    """The StableHLO text of the graph of ``roots`` (a ``Value`` or a list of them), checked
+    when ``IR_RUNTIME_PROGRAM_CHECKS`` says so; ``debug_info``: with each operation's location
+    (``loc(...)``: the file and line that recorded its node, where the node has an
+    ``origin``)."""
     enable_x64()
-    return lowered(Graph(roots)).as_text(debug_info=debug_info)
+    checks = [] if _runtime_checks.enabled() else None
+    return lowered(Graph(roots), checks=checks).as_text(debug_info=debug_info)

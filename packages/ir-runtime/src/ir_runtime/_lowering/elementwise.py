@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering._registry import cast, existing, out_dtype, register, scalar
+from ir_runtime import _runtime_checks
+from ir_runtime._lowering._registry import cast, existing, out_dims, out_dtype, register, scalar
 
 
 def _is_one(v) -> bool:
@@ -37,14 +38,18 @@ _BINARY = {
     "copysign": jnp.copysign,
     "hypot": jnp.hypot,
 }
+# Integer division: a zero divisor is checked in checked programs (``_runtime_checks``).
+_DIVIDING = ("fmod", "remainder", "floor_divide")
 
 
-def _binary(fn, with_alpha):
+def _binary(fn, with_alpha, divides):
     def tensor_tensor(node, x, y):
         dt = out_dtype(node)
         y = cast(y, dt)
         if with_alpha and not _is_one(node.attrs["alpha"]):
             y = y * scalar(node.attrs["alpha"], dt)
+        if divides:
+            _runtime_checks.nonzero(node, y, out_dims(node))
         return fn(cast(x, dt), y)
 
     def tensor_scalar(node, x):
@@ -52,13 +57,15 @@ def _binary(fn, with_alpha):
         y = scalar(node.attrs["other"], dt)
         if with_alpha and not _is_one(node.attrs["alpha"]):
             y = y * scalar(node.attrs["alpha"], dt)
+        if divides:
+            _runtime_checks.nonzero(node, y, out_dims(node))
         return fn(cast(x, dt), y)
 
     return tensor_tensor, tensor_scalar
 
 
 for _name, _fn in _BINARY.items():
-    _tt, _ts = _binary(_fn, _name in ("add", "sub"))
+    _tt, _ts = _binary(_fn, _name in ("add", "sub"), _name in _DIVIDING)
     register(*existing(f"aten::{_name}.Tensor", f"aten::{_name}.default"))(_tt)
     register(*existing(f"aten::{_name}.Scalar"))(_ts)
 
@@ -125,6 +132,7 @@ def _div_ts(node, x):
 @register("aten::div.Tensor_mode")
 def _div_mode(node, x, y):
     dt = out_dtype(node)
+    _runtime_checks.nonzero(node, cast(y, dt), out_dims(node))
     return _divide(cast(x, dt), cast(y, dt), node.attrs["rounding_mode"], dt)
 
 
@@ -132,6 +140,7 @@ def _div_mode(node, x, y):
 def _div_scalar_mode(node, x):
     dt = out_dtype(node)
     y = scalar(node.attrs["other"], dt)
+    _runtime_checks.nonzero(node, y, out_dims(node))
     return _divide(cast(x, dt), y, node.attrs["rounding_mode"], dt)
 
 

@@ -1,12 +1,24 @@
 """Indexing: gather and scatter (with every reduction), index_select/add/copy/fill/reduce,
-index and index_put, take and put, masked_scatter, embedding."""
+index and index_put, take and put, masked_scatter, embedding.
+
+In a checked program (``_runtime_checks``) every index is checked against the size of the dim
+it addresses, with the range torch takes for that op: ``-size..size-1`` for index, index_put,
+index_fill, take and put; ``0..size-1`` for the others."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 
+from ir_runtime import _runtime_checks
 from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
+
+
+def _check(node, x, index, dim: int, negative: bool = False):
+    """In a checked program: ``index`` addresses dim ``dim`` of ``x`` (a 0-d ``x``: one
+    position); ``negative``: counting from the end too, as torch allows for this op."""
+    size = x.shape[dim] if x.ndim else 1
+    _runtime_checks.in_range(node, index, -size if negative else 0, size, dim)
 
 
 def _grids(index, dim):
@@ -21,9 +33,10 @@ def _grids(index, dim):
 def _gather(node, x, index):
     if index.size == 0:  # torch takes an empty index of any rank
         return jnp.zeros(index.shape, x.dtype)
+    dim = norm_dim(node.attrs["dim"], x.ndim)
+    _check(node, x, index, dim)
     if x.ndim == 0:
         return jnp.broadcast_to(x, index.shape)
-    dim = norm_dim(node.attrs["dim"], x.ndim)
     return x[_grids(index, dim)]
 
 
@@ -84,6 +97,7 @@ def _scatter_rule(mode):
             src = None if src is None else src.reshape(1)
             return rule(node, x, index, src).reshape(())
         dim = norm_dim(node.attrs["dim"], x.ndim)
+        _check(node, x, index, dim)
         if src is None:
             values = jnp.full(index.shape, node.attrs["value"], x.dtype)
         else:
@@ -103,19 +117,22 @@ register("aten::scatter.reduce", "aten::scatter.value_reduce")(_scatter_rule("re
 
 @register("aten::scatter_add.default")
 def _scatter_add(node, x, index, src):
+    dim = norm_dim(node.attrs["dim"], x.ndim)
+    _check(node, x, index, dim)
     if x.ndim == 0:
         return x + jnp.sum(src.reshape(-1)[: index.size].astype(x.dtype))
-    dim = norm_dim(node.attrs["dim"], x.ndim)
     return x.at[_grids(index, dim)].add(_source(src, index, x.dtype))
 
 
 @register("aten::scatter_reduce.two")
 def _scatter_reduce(node, x, index, src):
     a = node.attrs
+    dim = norm_dim(a["dim"], x.ndim)
+    _check(node, x, index, dim)
     if x.ndim == 0:
         x, index, src = x.reshape(1), index.reshape(1), src.reshape(1)
         return _reduce_into(x, (index,), src, a["reduce"], a["include_self"]).reshape(())
-    where = _grids(index, norm_dim(a["dim"], x.ndim))
+    where = _grids(index, dim)
     return _reduce_into(x, where, _source(src, index, x.dtype), a["reduce"], a["include_self"])
 
 
@@ -125,16 +142,20 @@ def _along(x, dim, index):
     return (slice(None),) * dim + (index,)
 
 
-def _index_args(node, x, index):
+def _index_args(node, x, index, negative: bool = False):
+    """The dim, and the index tuple addressing ``x`` at ``index`` along it (checked)."""
     dim = norm_dim(node.attrs["dim"], x.ndim)
+    _check(node, x, index, dim, negative)
     return dim, _along(x, dim, index.reshape(-1))
 
 
 @register("aten::index_select.default")
 def _index_select(node, x, index):
+    dim = norm_dim(node.attrs["dim"], x.ndim)
+    _check(node, x, index, dim)
     if x.ndim == 0:
         return jnp.broadcast_to(x, out_dims(node))
-    return jnp.take(x, index.reshape(-1), axis=norm_dim(node.attrs["dim"], x.ndim))
+    return jnp.take(x, index.reshape(-1), axis=dim)
 
 
 def _index_source(source, x, dim):
@@ -144,49 +165,53 @@ def _index_source(source, x, dim):
 
 @register("aten::index_add.default")
 def _index_add(node, x, index, source):
+    dim, where = _index_args(node, x, index)
     if x.ndim == 0:
         return x + source.reshape(()).astype(x.dtype) * node.attrs["alpha"]
-    dim, where = _index_args(node, x, index)
     return x.at[where].add(_index_source(source, x, dim) * node.attrs["alpha"])
 
 
 @register("aten::index_copy.default")
 def _index_copy(node, x, index, source):
+    dim, where = _index_args(node, x, index)
     if x.ndim == 0:
         return source.reshape(()).astype(x.dtype)
-    dim, where = _index_args(node, x, index)
     return x.at[where].set(_index_source(source, x, dim))
 
 
 @register("aten::index_fill.int_Scalar")
 def _index_fill(node, x, index):
+    _, where = _index_args(node, x, index, negative=True)
     if x.ndim == 0:
         return jnp.full((), node.attrs["value"], x.dtype)
-    _, where = _index_args(node, x, index)
     return x.at[where].set(jnp.asarray(node.attrs["value"], x.dtype))
 
 
 @register("aten::index_fill.int_Tensor")
 def _index_fill_tensor(node, x, index, value):
+    _, where = _index_args(node, x, index, negative=True)
     if x.ndim == 0:
         return value.astype(x.dtype).reshape(())
-    _, where = _index_args(node, x, index)
     return x.at[where].set(value.astype(x.dtype))
 
 
 @register("aten::index_reduce.default")
 def _index_reduce(node, x, index, source):
     a = node.attrs
+    dim, where = _index_args(node, x, index)
     if x.ndim == 0:
         x, source = x.reshape(1), source.reshape(1)
         return _reduce_into(x, (index.reshape(-1),), source, a["reduce"], a["include_self"])[0]
-    dim, where = _index_args(node, x, index)
     values = _index_source(source, x, dim)
     return _reduce_into(x, where, values, a["reduce"], a["include_self"])
 
 
-def _indices(indices):
-    """aten::index's index list: a dim without a tensor (None) takes every position."""
+def _indices(node, x, indices):
+    """aten::index's index list (checked): a dim without a tensor (None) takes every
+    position."""
+    for dim, i in enumerate(indices[: x.ndim]):
+        if i is not None:
+            _check(node, x, i, dim, negative=True)
     return tuple(slice(None) if i is None else i for i in indices)
 
 
@@ -198,7 +223,7 @@ def _index(node, x, indices):
                 "a boolean mask index has a data-dependent shape; the front end turns it into "
                 "integer indices before recording"
             )
-    return x[_indices(indices)]
+    return x[_indices(node, x, indices)]
 
 
 @register(
@@ -207,18 +232,20 @@ def _index(node, x, indices):
     "aten::_unsafe_index_put.default",
 )
 def _index_put(node, x, indices, values):
-    where = x.at[_indices(indices)]
+    where = x.at[_indices(node, x, indices)]
     values = values.astype(x.dtype)
     return where.add(values) if node.attrs["accumulate"] else where.set(values)
 
 
 @register("aten::take.default")
 def _take(node, x, index):
+    _runtime_checks.in_range(node, index, -x.size, x.size)
     return x.reshape(-1)[index]
 
 
 @register("aten::put.default")
 def _put(node, x, index, source):
+    _runtime_checks.in_range(node, index, -x.size, x.size)
     flat = x.reshape(-1)
     values = source.reshape(-1).astype(x.dtype)
     at = flat.at[index.reshape(-1)]
@@ -265,6 +292,7 @@ def _nonzero_static(node, x):
 
 @register("aten::embedding.default")
 def _embedding(node, weight, indices):
+    _check(node, weight, indices, 0)
     return jnp.take(weight, indices, axis=0)
 
 

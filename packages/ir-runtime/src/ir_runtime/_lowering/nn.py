@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ir_runtime import _runtime_checks
 from ir_runtime._lowering._registry import norm_dim, out_dtype, register
 
 
@@ -51,6 +52,9 @@ def _nll_terms(node, x, target, weight):
 
 @register("aten::nll_loss_forward.default")
 def _nll_loss(node, x, target, weight):
+    c_dim = 1 if x.ndim > 1 else 0
+    classes, ignore = x.shape[c_dim], node.attrs["ignore_index"]
+    _runtime_checks.in_range(node, target, 0, classes, c_dim, "target", ignore)
     reduction = _REDUCTION[node.attrs["reduction"]]
     picked, w = _nll_terms(node, x, target, weight)
     losses = -picked * w

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ir_core import DeviceData, Value
-from ir_runtime import _donation, _metrics
+from ir_runtime import _donation, _metrics, _runtime_checks
 from ir_runtime._data import fetch, put
 from ir_runtime._execute import place
 from ir_runtime._frontend.recording import _rng
@@ -170,7 +170,15 @@ class Replay:
         if type(arrays) is Miss:
             return arrays
         exe = self.exe
-        raw = exe.run(arrays)
+        if exe.checks is None:
+            outputs = self._bind(exe, exe.run(arrays), leaves)
+        else:
+            with _runtime_checks.deferred():  # a failed program check comes once bound
+                outputs = self._bind(exe, exe.run(arrays), leaves)
+        return unflatten(self.structure, outputs)
+
+    def _bind(self, exe, raw, leaves: list) -> list:
+        """Bind the step's results where the traced call put them; its outputs."""
         writes = self._writes
         if writes is None:
             writes = self._writes = tuple(
@@ -197,7 +205,7 @@ class Replay:
                     write_through(leaves[x])
         _rng.next_step()
         _metrics.count("StepReplay")
-        return unflatten(self.structure, outputs)
+        return outputs
 
     def _inputs(self, leaves: list, replayable_args: list):
         """The program's arguments, from the current data of the tensors it reads; a ``Miss``

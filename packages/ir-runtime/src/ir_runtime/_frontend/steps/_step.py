@@ -10,10 +10,11 @@ import torch
 import torch._lazy
 
 from ir_core import DeviceData, Value, post_order
-from ir_runtime import _debug, _donation, _metrics, _profile
+from ir_runtime import _debug, _donation, _metrics, _profile, _runtime_checks
 from ir_runtime._cache import CACHE
 from ir_runtime._collectives import wait_device_ops
 from ir_runtime._data import fetch
+from ir_runtime._errors import ProgramCheckError
 from ir_runtime._execute import run_graph
 from ir_runtime._frontend.recording import _device_orders, _fast, _rng
 from ir_runtime._frontend.recording._convert import host_tensor
@@ -216,7 +217,10 @@ def _run_or_set_aside(tensors, held: set) -> None:
     that makes the groups before it fail, is set aside. When every group fits (the program
     failed when it ran), every tensor of the step is."""
     try:
-        run(tensors, held)
+        with _runtime_checks.deferred():  # a failed program check comes once results are bound
+            run(tensors, held)
+    except ProgramCheckError:
+        raise  # (the step ran and bound its results: nothing to set aside)
     except Exception as e:
         groups = _components(tensors)
         failing, fits = [], []
@@ -228,7 +232,7 @@ def _run_or_set_aside(tensors, held: set) -> None:
             roots, _, donate, pins = _prepare(trial, keep)
             try:
                 CACHE.get(roots, donate, pins)
-            except Exception:  # noqa: BLE001  (whatever failed the step)
+            except Exception:  # (whatever failed the step)
                 failing += group
             else:
                 fits = trial

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ir_core import DeviceData, post_order
-from ir_runtime import _lower
+from ir_runtime import _lower, _runtime_checks
 from ir_runtime._lowering._registry import register
 from ir_runtime._lowering.regions import bodies
 
@@ -50,10 +50,11 @@ class Body:
             if key is not None:
                 k = jax.random.wrap_key_data(free[key].astype(jnp.uint32), impl="threefry2x32")
                 env[id(self.free[key])] = (jax.random.key_data(jax.random.fold_in(k, index)),)
-            for n in self.order:
-                if type(n) is not DeviceData:
-                    operands = [env[id(v.node)][v.index] for v in n.operands]
-                    env[id(n)] = _lower.lower_node(n, operands, None)
+            with _runtime_checks.collecting(None):  # (a check's flag would leave the scan)
+                for n in self.order:
+                    if type(n) is not DeviceData:
+                        operands = [env[id(v.node)][v.index] for v in n.operands]
+                        env[id(n)] = _lower.lower_node(n, operands, None)
             return env[id(self.root.node)][self.root.index], None
 
         return step

@@ -32,7 +32,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from ir_core import DeviceData, post_order
-from ir_runtime import _lower
+from ir_runtime import _lower, _runtime_checks
 from ir_runtime._jaxapi import all_gather_invariant
 from ir_runtime._lowering._registry import register
 from ir_runtime._lowering.regions import bodies
@@ -64,10 +64,11 @@ class Region:
             k = jax.random.wrap_key_data(free[self.key].astype(jnp.uint32), impl="threefry2x32")
             k = jax.random.fold_in(k, lax.axis_index(vary))
             env[id(self.free[self.key])] = (jax.random.key_data(k),)
-        for node in self.order:
-            if type(node) is not DeviceData:
-                operands = [env[id(v.node)][v.index] for v in node.operands]
-                env[id(node)] = _lower.lower_node(node, operands, None)
+        with _runtime_checks.collecting(None):  # (a check's flag would leave the body)
+            for node in self.order:
+                if type(node) is not DeviceData:
+                    operands = [env[id(v.node)][v.index] for v in node.operands]
+                    env[id(node)] = _lower.lower_node(node, operands, None)
         return tuple(env[id(r.node)][r.index] for r in self.roots)
 
 

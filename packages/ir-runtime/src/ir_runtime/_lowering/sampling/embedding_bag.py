@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ir_runtime import _runtime_checks
 from ir_runtime._lowering._registry import out_dims, out_dtype, register
 
 _SUM, _MEAN, _MAX = 0, 1, 2
@@ -36,6 +37,7 @@ def _embedding_bag(node, weight, indices, offsets, per_sample_weights):
         raise ValueError("_embedding_bag: per_sample_weights only works with mode='sum'")
     if mode not in (_SUM, _MEAN, _MAX):
         raise ValueError(f"_embedding_bag: mode {mode} is not supported")
+    _runtime_checks.in_range(node, indices, 0, weight.shape[0], 0)
     num_bags, _ = out_dims(node)
     n = indices.shape[0]
     dt = out_dtype(node)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ir_runtime import _runtime_checks
 from ir_runtime._lowering._registry import out_dims, out_dtype, register
 from ir_runtime._lowering.sampling._common import compute_dtype, require_float
 
@@ -199,10 +200,14 @@ def _reduce(losses, reduction: int, shape):
     raise ValueError(f"reduction {reduction} is not one of 0 (none), 1 (mean), 2 (sum)")
 
 
+def _classes(x) -> int:
+    return x.shape[-1] if x.ndim else 1
+
+
 def _multi_margin(x, target, p, margin, weight, reduction, shape):
     if not isinstance(p, (int, float)) or p not in (1, 2):
         raise ValueError(f"multi_margin_loss: p must be 1 or 2, got {p!r}")
-    c = x.shape[-1] if x.ndim else 1
+    c = _classes(x)
     x2 = x.reshape(-1, c)
     t = target.reshape(-1).astype(jnp.int32)
     picked = jnp.take_along_axis(x2, t[:, None], axis=1, mode="clip")
@@ -218,6 +223,7 @@ def _multi_margin(x, target, p, margin, weight, reduction, shape):
 def _multi_margin_loss(node, x, target, weight):
     a = node.attrs
     require_float(x, "multi_margin_loss")
+    _runtime_checks.in_range(node, target, 0, _classes(x), x.ndim - 1, "target")
     dt = out_dtype(node)
     return _multi_margin(
         x.astype(dt), target, a["p"], a["margin"], weight, a["reduction"], out_dims(node)
@@ -237,7 +243,7 @@ def _multi_margin_loss_backward(node, grad, x, target, weight):
 
 
 def _multilabel_margin(x, target, reduction, shape):
-    c = x.shape[-1] if x.ndim else 1
+    c = _classes(x)
     x2 = x.reshape(-1, c)
     t2 = target.reshape(-1, c).astype(jnp.int32)
     # A row's targets run up to its first negative entry.
@@ -255,6 +261,8 @@ def _multilabel_margin(x, target, reduction, shape):
 @register("aten::multilabel_margin_loss_forward.default")
 def _multilabel_margin_loss(node, x, target):
     require_float(x, "multilabel_margin_loss")
+    # (-1 ends a row's targets; torch checks every entry, those after it too)
+    _runtime_checks.in_range(node, target, -1, _classes(x), x.ndim - 1, "target")
     dt = out_dtype(node)
     loss, is_target = _multilabel_margin(
         x.astype(dt), target, node.attrs["reduction"], out_dims(node)
