@@ -309,6 +309,16 @@ def _graph_of_two_orders():
     irt.execute([Value(Generic("aten::add.Tensor", [Value(x), Value(y)], [x.shape], {}))])
 
 
+def _checked_index_out_of_range():
+    previous = irt.set_program_checks(True)
+    try:
+        a = irt.to_lazy(torch.arange(5.0))
+        _ = a[irt.to_lazy(torch.tensor([1, 7]))]
+        irt.mark_step()
+    finally:
+        irt.set_program_checks(previous)
+
+
 BAD_CALLS = {
     "uneven spec": (
         lambda: irt.mark_sharding(irt.to_lazy(torch.ones(6)) * 2, MESH, ("data",)),
@@ -329,6 +339,18 @@ BAD_CALLS = {
         irt.UnsupportedOpError,
     ),
     "graph of two orders": (_graph_of_two_orders, irt.LoweringError),
+    "cpu model, lazy input": (
+        lambda: torch.nn.Linear(4, 2)(irt.to_lazy(torch.ones(3, 4))),
+        irt.DeviceMismatchError,
+    ),
+    "checked index": (_checked_index_out_of_range, irt.CheckedIndexError),
+    "program too large": (
+        lambda: (
+            irt.mark_sharding(torch.zeros(too_big(), device="lazy"), FLAT, ("devices",)),
+            irt.mark_step(),
+        ),
+        irt.OutOfMemoryError,
+    ),
 }
 
 

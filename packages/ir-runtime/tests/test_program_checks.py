@@ -21,16 +21,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:index_reduce\\(\\) is in beta")
 
 @pytest.fixture
 def checked():
-    previous = _runtime_checks.enable(True)
+    previous = _runtime_checks.set_program_checks(True)
     yield
-    _runtime_checks.enable(previous)
+    _runtime_checks.set_program_checks(previous)
 
 
 @pytest.fixture
 def unchecked():
-    previous = _runtime_checks.enable(False)
+    previous = _runtime_checks.set_program_checks(False)
     yield
-    _runtime_checks.enable(previous)
+    _runtime_checks.set_program_checks(previous)
 
 
 def lazy(args):
@@ -328,7 +328,7 @@ def test_unchecked_programs_clamp_as_xla_does(unchecked):
 
 
 def test_the_environment_variable_turns_checks_on(monkeypatch):
-    previous = _runtime_checks.enable(None)
+    previous = _runtime_checks.set_program_checks(None)
     try:
         monkeypatch.setenv("IR_RUNTIME_PROGRAM_CHECKS", "1")
         assert _runtime_checks.enabled()
@@ -338,7 +338,7 @@ def test_the_environment_variable_turns_checks_on(monkeypatch):
         assert not _runtime_checks.enabled()
         assert irt.to_torch(irt.to_lazy(X)[irt.to_lazy(t(5))]).tolist() == [4.0]
     finally:
-        _runtime_checks.enable(previous)
+        _runtime_checks.set_program_checks(previous)
 
 
 def test_checked_and_unchecked_programs_are_cached_apart():
@@ -348,28 +348,28 @@ def test_checked_and_unchecked_programs_are_cached_apart():
     def misses():
         return irt.metrics()["counters"]["CacheMiss"]
 
-    previous = _runtime_checks.enable(False)
+    previous = _runtime_checks.set_program_checks(False)
     try:
         step()
         start = misses()
         assert step().tolist() == [3.0, 9.0, -1.0] and misses() == start  # a hit
-        _runtime_checks.enable(True)
+        _runtime_checks.set_program_checks(True)
         with pytest.raises(CheckedIndexError):
             step()
         assert misses() == start + 1  # the checked program, compiled
         with pytest.raises(CheckedIndexError):
             step()
         assert misses() == start + 1
-        _runtime_checks.enable(False)
+        _runtime_checks.set_program_checks(False)
         assert step().tolist() == [3.0, 9.0, -1.0] and misses() == start + 1
     finally:
-        _runtime_checks.enable(previous)
+        _runtime_checks.set_program_checks(previous)
 
 
 def test_unchecked_lowering_has_no_check(unchecked):
     value = (irt.to_lazy(X)[irt.to_lazy(t(2))])._ir
     plain = lower(value)
-    _runtime_checks.enable(True)
+    _runtime_checks.set_program_checks(True)
     with_checks = lower(value)
     # The checked program returns one more result: its flags (whether each check failed and
     # the value that did).

@@ -9,8 +9,10 @@
 
 Importing ir_runtime changes no torch or jax setting (its lowering rules read torch's op
 schemas, nothing more). The PyTorch front end (``to_lazy``, ``mark_step``, ``compile_step``,
-...) is imported and installed into torch the first time one of its names is used (or by
-``install()``); jax's x64 mode is turned on by ``init``, the first placement and the first
+...) is imported and installed into torch the first time one of its names is used, or a tensor
+is made on the lazy device (``torch.zeros(3, device="lazy")``, ``.to("lazy")``: a fallback for
+torch's Lazy dispatch key, reached only where torch would raise, installs it), or by
+``install()``; jax's x64 mode is turned on by ``init``, the first placement and the first
 compile.
 """
 
@@ -57,6 +59,7 @@ from ir_runtime._lower import lower
 from ir_runtime._lowering import RULES, register
 from ir_runtime._metrics import metrics, metrics_report, reset_metrics
 from ir_runtime._profile import profile
+from ir_runtime._runtime_checks import set_program_checks
 from ir_sharding import Mesh
 
 __version__ = "0.10.0"
@@ -113,6 +116,28 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(f"ir_runtime._frontend.{where}"), name)
     globals()[name] = value  # found once
     return value
+
+
+def _on_lazy_key(keyset, op, *args, **kwargs):
+    from ir_runtime._frontend._install import on_lazy_key
+
+    return on_lazy_key(keyset, op, *args, **kwargs)
+
+
+def _lazy_key_fallback():
+    """The fallback of torch's Lazy dispatch key (``_install.on_lazy_key``), kept alive as long
+    as the Library returned. None where the key has one already: torch's own lazy backend, or
+    this module imported a second time."""
+    import torch
+
+    if torch._C._dispatch_has_backend_fallback(torch._C.DispatchKey.Lazy):
+        return None
+    library = torch.library.Library("_", "IMPL")
+    library.fallback(_on_lazy_key, "Lazy", with_keyset=True)
+    return library
+
+
+_LAZY_KEY = _lazy_key_fallback()
 
 
 def supported_ops() -> list[str]:
@@ -188,6 +213,7 @@ __all__ = [
     "reset_metrics",
     "scan_layers",
     "set_debug",
+    "set_program_checks",
     "shard_as",
     "shard_map",
     "supported_ops",

@@ -43,7 +43,7 @@ class CompileCache:
             enable_x64()
         g = Graph(roots, out_shardings)
         donate = _donation.indices(g, donate)  # (indices, the order of the results)
-        checked = _runtime_checks.enabled()  # (IR_RUNTIME_PROGRAM_CHECKS: a program of its own)
+        checked = _runtime_checks.enabled()  # (a checked program is another program)
         key = self._key(g, donate, checked)
         fingerprint = graph_fingerprint(g.roots)
         with self._lock:

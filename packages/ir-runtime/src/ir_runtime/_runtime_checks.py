@@ -1,15 +1,16 @@
 """Checked programs: index bounds and integer divisors checked on the device.
 
-XLA cannot raise inside a program: a gather clamps an out-of-range index (``jnp.take`` fills,
-a scatter drops the update) and an integer quotient by zero is undefined, where eager torch
-raises. A checked program (``IR_RUNTIME_PROGRAM_CHECKS=1``, or ``enable(True)``; off by
-default, read at each cache lookup, and part of the cache key) computes, beside its results,
-one flag per check and the first offending value. Each index-taking rule calls ``in_range`` and each
-integer division or remainder rule ``nonzero`` while it is traced; ``collecting`` gathers
-those into one int64 array that the program returns last. ``Executable.run`` reads that array
-once per run (one host read, only in checked mode) and raises the first failed check, in
-program order, as eager would: ``CheckedIndexError`` or ``CheckedDivisionError``, naming the
-op, the line that recorded it and, for an index, the dimension and its size.
+XLA cannot raise inside a program: a gather clamps an out-of-range index (``jnp.take`` fills, a
+scatter drops the update) and an integer quotient by zero is undefined, where eager torch
+raises. A checked program (``IR_RUNTIME_PROGRAM_CHECKS=1``, or ``set_program_checks(True)``;
+off by default, read at each cache lookup, and part of the cache key) computes, beside its
+results, one flag per check and the first offending value. Each index-taking rule calls
+``in_range`` and each integer division or remainder rule ``nonzero`` while it is traced;
+``collecting`` gathers those into one int64 array that the program returns last.
+``Executable.run`` reads that array once per run (one host read, only in checked mode) and
+raises the first failed check, in program order, as eager would: ``CheckedIndexError`` or
+``CheckedDivisionError``, naming the op, the line that recorded it and, for an index, the
+dimension and its size.
 
 The error comes after the program ran, so it cannot stop it: inside ``deferred()`` the error is
 raised when the block ends, once the caller has bound the step's results (the bad one to what
@@ -34,10 +35,10 @@ from ir_runtime._data import fetch
 from ir_runtime._errors import CheckedDivisionError, CheckedIndexError
 
 ENV = "IR_RUNTIME_PROGRAM_CHECKS"
-_FORCED: list = [None]  # enable()'s setting; None: the environment decides
+_FORCED: list = [None]  # set_program_checks()'s setting; None: the environment decides
 
 
-def enable(on: bool | None = True) -> bool | None:
+def set_program_checks(on: bool | None = True) -> bool | None:
     """Run checked programs from now on (True), unchecked ones (False), or as
     ``IR_RUNTIME_PROGRAM_CHECKS`` says (None). Returns the previous setting, to restore it."""
     previous, _FORCED[0] = _FORCED[0], None if on is None else bool(on)

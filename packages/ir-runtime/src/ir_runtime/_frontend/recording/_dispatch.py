@@ -21,8 +21,9 @@ import ir_runtime
 import ir_sharding
 from ir_runtime import _metrics
 from ir_runtime._bounded import Bounded
-from ir_runtime._errors import UnsupportedOpError
+from ir_runtime._errors import DeviceMismatchError, UnsupportedOpError
 from ir_runtime._frontend.recording import _device_orders, _fast
+from ir_runtime._frontend.recording._convert import DEVICE
 from ir_runtime._frontend.recording._meta import MEMO, infer
 from ir_runtime._frontend.recording._record import (
     LEAVES,
@@ -277,6 +278,42 @@ def dispatch(func, args, kwargs):
     )
 
 
+def _operand(x):
+    """A recorded op's tensor argument as its IR value (``as_value``). A host tensor is a
+    program input, a constant (a mask, a table); one that autograd will give a gradient to is
+    refused here, at the op, where eager refuses a CPU tensor beside a CUDA one. Its gradient
+    would be a lazy tensor, which torch's autograd hands a CPU leaf unchecked (its check of a
+    gradient's device passes over tensor subclasses), for the optimizer to fail on later."""
+    if type(x) is LazyTensor:  # the common case first, at as_value's cost
+        return x._ir
+    if (
+        isinstance(x, torch.Tensor)
+        and x.requires_grad
+        and torch.is_grad_enabled()
+        and not isinstance(x, LazyTensor)
+    ):
+        raise _host_tensor_with_gradient(x)
+    return as_value(x)
+
+
+def _host_tensor_with_gradient(x) -> DeviceMismatchError:
+    shape = list(x.shape)
+    if isinstance(x, torch.nn.Parameter):
+        what = f"a {x.device} parameter of shape {shape}"
+    else:
+        what = f"a {x.device} tensor of shape {shape} that requires grad"
+    origin = _fast.origin()
+    at = f" at {origin}" if origin is not None else ""
+    return DeviceMismatchError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{DEVICE} and {x.device}: an op on the lazy device{at} takes {what}. A host tensor "
+        f"can be a lazy op's input only as a constant: this one's gradient would be a lazy "
+        f"tensor, which it cannot hold (nor its optimizer apply). Move the model to the lazy "
+        f"device before building its optimizer: model = irt.to_lazy(model), then "
+        f"torch.optim.SGD(model.parameters(), ...); pass a constant .detach()ed"
+    )
+
+
 # -- the C hot path (_fast), configured here and only here ------------------------------------
 
 _fast.configure(
@@ -287,7 +324,7 @@ _fast.configure(
     default_float_=default_float,
     float_dtype_=float_dtype,
     attr_value_=attr_value,
-    as_value_=as_value,
+    as_value_=_operand,
     dispatch=_dispatch,
     record_=record,
 )
