@@ -1,7 +1,8 @@
 """Activation checkpointing: torch.utils.checkpoint on lazy tensors, against eager, with the
 recompute kept in the program (XLA's memory analysis says so). Then ``CheckpointManager``'s bad
 inputs: each is refused in the project's words and the manager goes on working, the values
-saved before read back as they were."""
+saved before read back as they were; and the directory a process killed while saving or
+deleting leaves: only whole steps listed."""
 
 import copy
 import json
@@ -357,4 +358,77 @@ def test_a_failed_background_save_is_reported_once_by_the_next_call(
     assert mngr.all_steps() == [2, 4, 6]
     assert_restores(mngr, 4, want_failing)
     assert_restores(mngr, 6, want_failing)
+    mngr.close()
+
+
+# -- CheckpointManager: a process killed while saving or deleting lists only whole steps ----
+
+
+def test_a_step_whose_deletion_was_cut_short_is_not_listed(tmp_path, monkeypatch):
+    """max_to_keep drops step 1 when step 3 is complete. A process killed while removing its
+    files leaves some of them; here the removal stops after the first one (the step's
+    ``_CHECKPOINT_METADATA``, as the kill left it), and the manager of the next process must
+    neither list step 1 nor restore it, and removes what is left of it."""
+    import shutil
+
+    def cut_short(path, *args, **kwargs):  # one file removed, then the process is gone
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            if files:
+                os.remove(os.path.join(root, sorted(files)[0]))
+                return
+
+    mngr = irt.CheckpointManager(tmp_path, max_to_keep=2)
+    states = {k: run_state(float(k), k) for k in (1, 2, 3)}
+    wants = {k: values_of(s) for k, s in states.items()}
+    mngr.save(1, states[1])
+    mngr.save(2, states[2])
+    monkeypatch.setattr(shutil, "rmtree", cut_short)
+    mngr.save(3, states[3])
+    monkeypatch.undo()
+
+    after = irt.CheckpointManager(tmp_path, max_to_keep=2)  # the next process
+    assert after.all_steps() == [2, 3] and after.latest_step() == 3
+    with pytest.raises(irt.CheckpointNotFoundError) as e:
+        after.restore(1, run_state(0.0, -1))
+    assert str(e.value) == (
+        f"no checkpoint of step 1 in {after.directory}; the complete ones are [2, 3]"
+    )
+    target = run_state(0.0, -1)
+    assert after.restore(None, target) == 3  # the latest
+    for k, v in wants[3].items():
+        np.testing.assert_array_equal(values_of(target)[k], v, err_msg=k)
+    assert_restores(after, 2, wants[2])
+    assert sorted(os.listdir(tmp_path)) == ["2", "3"]  # nothing left of step 1
+    after.save(4, states[1])  # and it goes on keeping two
+    assert after.all_steps() == [3, 4] and sorted(os.listdir(tmp_path)) == ["3", "4"]
+    after.close()
+    mngr.close()
+
+
+def test_a_step_whose_save_was_cut_short_is_not_listed(tmp_path, monkeypatch):
+    """A save stopped before orbax finalized it (its meta file never written, as a kill there
+    leaves it) is not listed by the next process's manager, nor restored, and saves again."""
+    mngr = irt.CheckpointManager(tmp_path)
+    first, second = run_state(1.0, 1), run_state(2.0, 2)
+    want_first, want_second = values_of(first), values_of(second)
+    mngr.save(1, first)
+    failing_json_write(monkeypatch)
+    with pytest.raises(irt.CheckpointSaveError):
+        mngr.save(2, second)
+    monkeypatch.undo()
+    assert [n for n in os.listdir(tmp_path) if n.startswith("2")]  # the partial step is there
+
+    after = irt.CheckpointManager(tmp_path)  # the next process
+    assert after.all_steps() == [1]
+    with pytest.raises(irt.CheckpointNotFoundError, match=r"no checkpoint of step 2 .*\[1\]$"):
+        after.restore(2, run_state(0.0, -1))
+    target = run_state(0.0, -1)
+    assert after.restore(None, target) == 1  # the latest complete one
+    for k, v in want_first.items():
+        np.testing.assert_array_equal(values_of(target)[k], v, err_msg=k)
+    assert after.save(2, second)
+    assert after.all_steps() == [1, 2]
+    assert_restores(after, 2, want_second)
+    after.close()
     mngr.close()

@@ -8,8 +8,9 @@ By stage, each group importing only the groups above it (and the graph layer):
     Turning torch ops into IR. ``_convert`` (dtypes, host arrays) -> ``_tensor`` (the
     ``LazyTensor`` type, the live registry, the one writer of a tensor's value and placement)
     -> ``_meta`` (shape inference) -> ``_record`` (plans per ATen overload, ``record``) ->
-    ``_views`` (writes in place) -> ``_dispatch`` (routing, ``@special``, and the one place the
-    C hot path ``_fast`` is configured) -> ``_rng`` (the lazy random stream's one owner) -> the
+    ``_views`` (writes in place) -> ``_device_orders`` (no op combines tensors over two
+    device orders) -> ``_dispatch`` (routing, ``@special``, and the one place the C hot path
+    ``_fast`` is configured) -> ``_rng`` (the lazy random stream's one owner) -> the
     handlers (``_handlers``, ``_samplers``, ``_dynamic``, ``_factories``, ``_optim``) and
     ``_api`` (``to_lazy``, ``mark_sharding``, ``dump``, ...).
 ``steps/``

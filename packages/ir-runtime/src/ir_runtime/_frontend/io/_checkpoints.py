@@ -6,7 +6,9 @@ nothing is gathered to one host; absent when the state holds no tensor) and ``me
 plain Python values, optimizer hyperparameters, which tensors were host tensors, the random
 streams). orbax writes a step into a temporary directory and renames it when complete, so a
 process killed during a save leaves the earlier checkpoints as they were and no partial one
-listed; ``max_to_keep`` deletes the oldest only once the newest is complete.
+listed; ``max_to_keep`` deletes the oldest only once the newest is complete, and moves it out
+of the listed names (one rename, into ``deleting/``) before removing its files, so a process
+killed while deleting leaves no partial one listed either (``_remove_deleted``).
 
 What a state holds (a mapping of names to): modules (their ``state_dict``), optimizers (their
 ``state_dict``: per-parameter state and the parameter groups' hyperparameters), tensors (lazy
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -63,6 +66,7 @@ from ir_sharding import ShardingSpec
 
 _PLAIN = (type(None), bool, int, float, str)
 _META_FILE = "metadata"  # the ``meta`` item's file in its step directory
+_DELETING = "deleting"  # where max_to_keep's steps wait for removal (``_remove_deleted``)
 
 # What ``_snapshot`` writes into ``meta``, as ``restore`` reads it back: key -> JSON type.
 _META = {"plain": dict, "host": list, "optimizers": dict, "rng": dict}
@@ -198,7 +202,8 @@ class CheckpointManager:
         save_interval: ``save``/``save_async`` save only steps that are multiples of it (or
             when ``force=True``).
         max_to_keep: how many checkpoints to keep (None: all); the oldest go first, once the
-            newest is complete.
+            newest is complete (unlisted at once, their files removed by the next ``join``,
+            ``save``, ``restore`` or manager).
 
     A ``save_async`` that fails in the background raises ``CheckpointSaveError`` (naming its
     step, orbax's error as the cause) once: at ``join()`` or at the next ``save``,
@@ -231,7 +236,10 @@ class CheckpointManager:
             )
         self.save_interval = save_interval
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=True,
+            create=True,
+            todelete_subdir=_DELETING,
         )
         self._ocp = ocp
         self._mngr = ocp.CheckpointManager(
@@ -243,6 +251,7 @@ class CheckpointManager:
             },
         )
         self._saving: int | None = None  # the step save_async started that join has not seen
+        self._remove_deleted()  # (what a process killed while removing them left)
 
     # -- what there is ---------------------------------------------------------------------
 
@@ -298,6 +307,19 @@ class CheckpointManager:
             self._mngr.wait_until_finished()
         except Exception as e:
             raise self._save_error(step, e) from e
+        self._remove_deleted()
+
+    def _remove_deleted(self) -> None:
+        """Remove the files of the steps ``max_to_keep`` dropped. orbax would remove a step in
+        place, file by file in no set order, and lists a step directory until its last file is
+        gone: a process killed meanwhile left a step listed that no longer restores (its
+        metadata gone, or its arrays). So orbax only renames it into ``deleting/`` (its
+        ``todelete_subdir``: atomic, out of the step names it lists) and it is removed here,
+        where a kill leaves nothing listed and the next manager removes the rest."""
+        if jax.process_index() == 0:  # (the process orbax's renames run in)
+            # Errors ignored as orbax's own deleter does: nothing lists these files, and what
+            # stays is tried again at the next call.
+            shutil.rmtree(os.path.join(self.directory, _DELETING), ignore_errors=True)
 
     def close(self) -> None:
         """Wait for the save still running (raising its failure), and release orbax's
