@@ -12,6 +12,7 @@ import ir_runtime as irt
 from ir_core import Generic, Value
 from ir_runtime import _distributed, _memory
 from ir_runtime._frontend import inspect
+from ir_runtime._frontend.steps import _step
 from ir_runtime._graph import Graph
 from ir_sharding import Mesh, ShardingError, ShardingSpec
 
@@ -123,10 +124,12 @@ def test_tensors_over_two_device_orders_are_refused_at_the_op(before):
         assert f"over {REVERSED} (devices [7, 6, 5, 4, 3, 2, 1, 0])" in message
         assert "float32 tensor (8, 4)" in message
     value = inspect.value_of(a)
-    for write in (lambda: a.add_(b), lambda: a.copy_(b)):
-        with pytest.raises(irt.DeviceMismatchError):
-            write()
-        assert inspect.value_of(a) is value
+    with pytest.raises(irt.DeviceMismatchError):
+        a.add_(b)
+    assert inspect.value_of(a) is value
+    # Pending work over one order cannot be annotated over the other (data is moved instead).
+    with pytest.raises(irt.DeviceMismatchError, match="its pending value reads data over"):
+        irt.mark_sharding(a * 3, REVERSED, ("data", None))
     # Each mesh's own tensors combine, and results follow them.
     c, d = b * 2, (b * 2) + b
     expected = np.arange(32.0).reshape(8, 4)
@@ -387,3 +390,105 @@ def test_no_failed_step_poisons_a_later_step(before):
     del z, w
     irt.mark_step()
     assert not inspect.set_aside()
+
+
+def test_copy_across_device_orders_goes_through_the_host_as_eager_copies_across_devices():
+    src = placed(REVERSED) * 2  # pending, over the reversed order
+    dst = placed(MESH)
+    dst.copy_(src)
+    assert inspect.annotation_of(dst).mesh == MESH  # it stays where it lives
+    irt.mark_step()
+    np.testing.assert_array_equal(dst.cpu().numpy(), np.arange(32.0).reshape(8, 4) * 2)
+    assert inspect.data_of(dst).sharding.mesh.devices.flatten().tolist() == [
+        d for d in irt.devices() if d.id in range(8)
+    ]
+    # load_state_dict from a model over another mesh
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 8), torch.nn.Linear(4, 8)
+    expected = {k: v.clone() for k, v in b.state_dict().items()}
+    la, lb = irt.to_lazy(a), irt.to_lazy(b)
+    irt.mark_sharding(la.weight, MESH, ("data", None))
+    irt.mark_sharding(lb.weight, REVERSED, ("data", None))
+    la.load_state_dict(lb.state_dict())
+    for k, v in expected.items():
+        torch.testing.assert_close(la.state_dict()[k].cpu(), v)
+    assert inspect.annotation_of(la.weight).mesh == MESH
+
+
+def test_the_mesh_a_tensor_was_found_over_is_forgotten_when_its_value_changes():
+    a = placed(MESH)
+    b = placed(REVERSED)  # two orders: ops are checked, and pending values noted
+    t = irt.to_lazy(torch.ones(8, 4)) * 2
+    _ = t + b  # t's pending value noted as over nothing placed, then over b's order
+    irt.mark_step()
+    assert "_order" not in t.__dict__  # (the note would keep the old graph and its inputs)
+    del a
+
+
+# -- set-aside tensors and the rest of the front end -------------------------------------------
+
+
+@pytest.fixture
+def small_host(monkeypatch):
+    """A host of 2 KB: a float32[1000] result does not fit (8 CPU devices share it)."""
+    monkeypatch.setattr(_memory, "host_bytes", lambda: 2000)
+    return monkeypatch
+
+
+def _fail_one(small_host):
+    x = irt.to_lazy(torch.ones(1000)) + 1
+    with pytest.raises(irt.OutOfMemoryError):
+        irt.mark_step()
+    assert any(t is x for t in inspect.set_aside())
+    return x
+
+
+def test_a_set_aside_tensor_gets_data_and_is_forgotten(small_host):
+    x = _fail_one(small_host)
+    x.data = irt.to_lazy(torch.zeros(1000))
+    irt.mark_step()
+    # Its entry is gone, and with it the failed graph and the data it read.
+    assert not inspect.set_aside() and not _step.SET_ASIDE
+    assert x.cpu().tolist() == [0.0] * 1000
+
+
+def test_a_set_aside_tensor_passed_to_a_replaying_compiled_step_runs_alone(small_host):
+    step = irt.compile_step(lambda t: t + 1)
+    a = irt.to_lazy(torch.ones(4))
+    for _ in range(3):
+        a = step(a)
+    x = _fail_one(small_host)
+    with pytest.raises(irt.OutOfMemoryError):
+        step(x)  # still too large alone: its own error, at once
+    small_host.undo()
+    assert step(x).cpu().tolist() == [3.0] * 1000  # fits now: run alone, then the step
+    np.testing.assert_array_equal(a.cpu().numpy(), [4.0] * 4)
+
+
+def test_a_live_set_aside_tensor_does_not_enter_a_compiled_steps_program(small_host):
+    x = _fail_one(small_host)
+    step = irt.compile_step(lambda t: t * 2)
+    out = step(irt.to_lazy(torch.ones(4)))
+    assert out.cpu().tolist() == [2.0] * 4
+    assert any(t is x for t in inspect.set_aside())
+    small_host.undo()
+    assert x.cpu().tolist() == [2.0] * 1000
+
+
+def test_a_failed_check_in_a_compiled_steps_trace_loses_no_state():
+    previous = irt.set_program_checks(True)
+    try:
+        w = irt.to_lazy(torch.ones(4))
+        irt.mark_step()
+
+        def f(i):
+            w.mul_(2)
+            return w.index_select(0, i)
+
+        step = irt.compile_step(f)
+        with pytest.raises(irt.CheckedIndexError, match="index 10 is out of bounds"):
+            step(irt.to_lazy(torch.tensor([10])))
+        assert w.cpu().tolist() == [2.0] * 4  # bound before the error came
+        assert step(irt.to_lazy(torch.tensor([1]))).cpu().tolist() == [4.0]
+    finally:
+        irt.set_program_checks(previous)

@@ -24,11 +24,14 @@ _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permut
 LAST_RUN: list = [None]  # the Executable that ran last
 
 
-def memory_of(compiled) -> dict:
+def memory_of(compiled) -> dict | None:
     """Device bytes per device of a compiled jax program, from XLA's analysis (exact, on
-    every backend): ``arguments``, ``outputs``, ``temporaries``, ``aliased`` (outputs written
-    into donated arguments) and ``peak`` (their sum, less what is aliased)."""
+    every backend that has one; None where it has none): ``arguments``, ``outputs``,
+    ``temporaries``, ``aliased`` (outputs written into donated arguments) and ``peak`` (their
+    sum, less what is aliased)."""
     m = compiled.memory_analysis()
+    if m is None:  # (a backend without the analysis)
+        return None
     out = {
         "arguments": m.argument_size_in_bytes,
         "outputs": m.output_size_in_bytes,

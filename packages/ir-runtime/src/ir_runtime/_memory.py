@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import os
 
+import jax
+
 from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._errors import OutOfMemoryError
 
@@ -41,7 +43,9 @@ def host_bytes() -> int | None:
 def limit(devices) -> tuple[int | None, int, str]:
     """``(bytes, how many devices share them, what they are)`` for the devices this process
     runs a program on: a device's own limit, or the host's memory shared by its CPU devices."""
-    first = devices[0]
+    here = jax.process_index()
+    mine = [d for d in devices if d.process_index == here] or list(devices)
+    first = mine[0]
     stats = None
     if first.platform != "cpu":
         try:
@@ -50,8 +54,7 @@ def limit(devices) -> tuple[int | None, int, str]:
             stats = None
     if stats and stats.get("bytes_limit"):
         return int(stats["bytes_limit"]), 1, f"{first.platform} device {first.id}'s memory"
-    local = sum(1 for d in devices if d.process_index == first.process_index)
-    return host_bytes(), local, f"this host's memory, shared by its {local} CPU devices"
+    return host_bytes(), len(mine), f"this host's memory, shared by its {len(mine)} CPU devices"
 
 
 def _gb(n: int) -> str:
@@ -82,9 +85,11 @@ def buffers(graph, out_specs) -> list[tuple[int, str]]:
     return found
 
 
-def check_fits(memory: dict, program, graph, out_specs) -> None:
+def check_fits(memory: dict | None, program, graph, out_specs) -> None:
     """Raise ``OutOfMemoryError`` if a program needing ``memory["peak"]`` bytes per device
-    cannot fit on ``program``'s devices."""
+    cannot fit on ``program``'s devices (None: a backend without memory analysis; unchecked)."""
+    if memory is None:
+        return
     total, sharing, what = limit(program.devices)
     need = memory["peak"] * sharing
     if total is None or need <= total:

@@ -95,7 +95,7 @@ class _State(threading.local):
     def __init__(self):
         self.collectors = []  # innermost last; None where nothing is checked
         self.deferring = 0
-        self.failed = None  # inside deferred(): the first error to raise at its end
+        self.pending = []  # inside deferred(): (checks, flags) of each run, read at its end
 
 
 _STATE = _State()
@@ -152,38 +152,44 @@ def _of(node) -> tuple:
 
 
 def verify(checks: list, flags) -> None:
-    """Raise the first of a program's ``checks`` that failed, from the ``flags`` it returned
-    (read here: the one host read of a checked run); inside ``deferred()``, keep it for the
-    block's end."""
-    _metrics.count("ProgramCheckRead")
-    values = fetch(flags).reshape(-1, 2)
-    failed = np.flatnonzero(values[:, 0])
-    if not failed.size:
-        return
+    """A checked run's ``flags``: inside ``deferred()``, kept unread for the block's end (the
+    caller binds the results first); outside, read now (the one host read of a checked run)
+    and the first failed check raised."""
     state = _STATE
-    if state.failed is not None:
-        return  # (the block raises the first)
-    check = checks[failed[0]]
-    error = check.error(
-        check.message(int(values[failed[0], 1]), failed.size - 1, state.deferring > 0)
-    )
-    if not state.deferring:
+    if state.deferring:
+        state.pending.append((checks, flags))
+        return
+    error = _first_failure([(checks, flags)], bound=False)
+    if error is not None:
         raise error
-    state.failed = error
+
+
+def _first_failure(pending: list, bound: bool):
+    """The error of the first failed check of these runs, in run and program order; None."""
+    for checks, flags in pending:
+        _metrics.count("ProgramCheckRead")
+        values = fetch(flags).reshape(-1, 2)
+        failed = np.flatnonzero(values[:, 0])
+        if failed.size:
+            check = checks[failed[0]]
+            return check.error(check.message(int(values[failed[0], 1]), failed.size - 1, bound))
+    return None
 
 
 @contextmanager
 def deferred():
-    """A block whose programs' failed checks are raised at its end, not by the run that found
+    """A block whose programs' checks are read and raised at its end, not by the run that made
     them: a caller binds the step's results inside it, so they are bound when the error comes
-    (the first one found; another error leaving the block wins)."""
+    (and an interrupt while a flag is read loses nothing). Another error leaving the block
+    wins; its runs' flags are dropped unread."""
     state = _STATE
-    outer, state.failed = state.failed, None
+    outer, state.pending = state.pending, []
     state.deferring += 1
     try:
         yield
     finally:
         state.deferring -= 1
-        failed, state.failed = state.failed, outer
-    if failed is not None:
-        raise failed
+        pending, state.pending = state.pending, outer
+    error = _first_failure(pending, bound=True) if pending else None
+    if error is not None:
+        raise error

@@ -158,7 +158,11 @@ class _Entry:
 def _sharding_of(t: LazyTensor):
     """Where a lazy tensor's data lives now: its data's placement, else its annotation; None
     for host data not yet placed (restored to host memory, placed by the next program as it
-    would have been)."""
+    would have been). A tensor a failed step set aside is not run (a restore is the way out of
+    that failure): its annotation or last placement says."""
+    if _step.SET_ASIDE and _step.pending(t) and _step._set_aside(t):
+        spec = t._where()
+        return spec.to_jax() if spec is not None else None
     h = _step.materialize(t).handle
     if isinstance(h, jax.Array) and not _local(h):
         return h.sharding

@@ -11,6 +11,7 @@ from ir_runtime._data import device_data, put
 from ir_runtime._dtypes import name_of
 from ir_runtime._execute import reshard
 from ir_runtime._frontend.recording._convert import host_numpy
+from ir_runtime._frontend.recording._device_orders import check_annotation
 from ir_runtime._frontend.recording._tensor import LazyTensor, as_value, live
 from ir_runtime._frontend.steps import _step
 from ir_runtime._lower import lower
@@ -209,6 +210,7 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
     _step.no_region("calls mark_sharding (inside a manual region every tensor is one device's)")
     spec = ShardingSpec(mesh, partition_spec)
     spec.check_even(tuple(t.shape), f"the tensor {tuple(t.shape)}")
+    check_annotation(t, spec)
     _relink_annotated(t, spec)
     t._annotate(spec)
     return t

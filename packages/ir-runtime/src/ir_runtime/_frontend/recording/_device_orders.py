@@ -15,11 +15,15 @@ from the second one on, ``_dispatch`` routes every op through ``check``.
 
 from __future__ import annotations
 
-from ir_core import post_order
+import torch
+
+from ir_core import DeviceData, post_order
 from ir_runtime._errors import DeviceMismatchError
 from ir_runtime._frontend.recording import _fast
 from ir_runtime._frontend.recording._tensor import LazyTensor
-from ir_runtime._placement import specs_of
+from ir_runtime._placement import ORDERS, specs_of
+
+_COPY = torch.ops.aten.copy_.default
 
 
 def _mesh_of_value(value):
@@ -45,6 +49,29 @@ def mesh_of(t: LazyTensor):
     return mesh
 
 
+def differ(a: LazyTensor, b: LazyTensor) -> bool:
+    """Whether ``a`` and ``b`` live over meshes of two device orders."""
+    ma, mb = mesh_of(a), mesh_of(b)
+    return ma is not None and mb is not None and ma.device_ids != mb.device_ids
+
+
+def check_annotation(t: LazyTensor, spec) -> None:
+    """Refuse ``mark_sharding(t, spec)`` of pending work that reads data over another device
+    order than ``spec``'s (data is moved instead, so it may change order)."""
+    ids = spec.mesh.device_ids
+    if type(t._ir.node) is DeviceData or ORDERS <= {ids}:
+        return  # (data moves; or every placement so far is over this order)
+    mesh = _mesh_of_value(t._ir)
+    if mesh is not None and mesh.device_ids != ids:
+        raise DeviceMismatchError(
+            f"Expected all tensors to be on the same device: mark_sharding places a "
+            f"{str(t.dtype).removeprefix('torch.')} tensor {tuple(t.shape)} over {spec.mesh} "
+            f"(devices {list(ids)}), but its pending value reads data over {mesh} (devices "
+            f"{list(mesh.device_ids)}); a program runs over one mesh's devices in one order. "
+            f"Annotate it over that mesh, or run it first (mark_step) and then place its data"
+        )
+
+
 def _lazy_arguments(args, kwargs):
     """(position, tensor) for each lazy tensor argument, in a list argument too."""
     items = list(enumerate(args))
@@ -68,7 +95,10 @@ def _describe(position, t, mesh) -> str:
 
 def check(cls, func, types, args=(), kwargs=None):
     """``__torch_dispatch__`` once two device orders exist: refuse an op whose tensors live
-    over both, else record it and give its outputs its inputs' mesh."""
+    over both, else record it and give its outputs its inputs' mesh. ``copy_`` is not refused:
+    across orders it copies through the host, as eager copies across devices (``_handlers``)."""
+    if func is _COPY:
+        return _fast.dispatch(cls, func, types, args, kwargs)
     first = None
     for position, t in _lazy_arguments(args, kwargs):
         mesh = mesh_of(t)

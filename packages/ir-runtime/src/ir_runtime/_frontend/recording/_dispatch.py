@@ -281,7 +281,8 @@ def dispatch(func, args, kwargs):
 def _operand(x):
     """A recorded op's tensor argument as its IR value (``as_value``). A host tensor is a
     program input, a constant (a mask, a table); one that autograd will give a gradient to is
-    refused here, at the op, where eager refuses a CPU tensor beside a CUDA one. Its gradient
+    refused here, at the op, where eager refuses a CPU tensor beside a CUDA one (eager takes a
+    0-d one, and returns its gradient to it: not here, see the message). Its gradient
     would be a lazy tensor, which torch's autograd hands a CPU leaf unchecked (its check of a
     gradient's device passes over tensor subclasses), for the optimizer to fail on later."""
     if type(x) is LazyTensor:  # the common case first, at as_value's cost
@@ -302,6 +303,11 @@ def _host_tensor_with_gradient(x) -> DeviceMismatchError:
         what = f"a {x.device} parameter of shape {shape}"
     else:
         what = f"a {x.device} tensor of shape {shape} that requires grad"
+    if x.dim() == 0:  # eager takes a 0-d host tensor beside a device one; this cannot
+        what += (
+            " (eager would take a 0-d one and return its gradient to the host; the lazy device "
+            "cannot, since torch's autograd would hand it a lazy gradient: irt.to_lazy it)"
+        )
     origin = _fast.origin()
     at = f" at {origin}" if origin is not None else ""
     return DeviceMismatchError(

@@ -10,7 +10,9 @@ import torch
 from ir_core import DeviceData
 from ir_runtime import _metrics
 from ir_runtime._data import put
+from ir_runtime._frontend.recording import _fast
 from ir_runtime._frontend.recording._convert import DEVICE, host_numpy, shape_of
+from ir_runtime._frontend.recording._device_orders import differ
 from ir_runtime._frontend.recording._dispatch import special
 from ir_runtime._frontend.recording._record import record
 from ir_runtime._frontend.recording._rng import bernoulli_mask
@@ -39,6 +41,8 @@ def _to_copy(func, args, kwargs):
 def _copy_(func, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, LazyTensor):
+        if isinstance(src, LazyTensor) and _fast.checking_devices() and differ(dst, src):
+            src = to_torch(src)  # over another device order: through the host, as eager does
         if _placed_copy(dst, src):
             return dst
         rebind(dst, as_value(src) if not isinstance(src, LazyTensor) else src._ir)

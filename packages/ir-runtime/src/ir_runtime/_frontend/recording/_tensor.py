@@ -109,18 +109,24 @@ class LazyTensor(torch.Tensor):
         node = value.node
         if type(node) is DeviceData:
             self._held = id(node)
+        if "_order" in self.__dict__:  # (_device_orders' note of the value before)
+            del self._order
 
     def _restore(self, value: Value, held: int) -> None:
         """Undo writes: the value and held data the tensor had before (a region traced on
         placeholders that wrote it)."""
         self._ir = value
         self._held = held
+        if "_order" in self.__dict__:
+            del self._order
 
     def _bind(self, data: DeviceData) -> None:
         """The tensor now holds ``data`` (a step's result, or data placed for it)."""
         self._ir = Value(data)
         self._placed = data.sharding
         self._held = id(data)
+        if "_order" in self.__dict__:
+            del self._order
 
     def _annotate(self, spec) -> None:
         """The user's sharding for this tensor (None: none)."""

@@ -71,6 +71,9 @@ def _data_nodes(leaves) -> list:
     if any(n is not None and type(n) is not DeviceData for n in nodes):
         nodes = None
         _step.mark_step()
+        for leaf in leaves:  # one a failed step set aside: run alone, or its error again
+            if isinstance(leaf, LazyTensor) and _step.pending(leaf):
+                _step.materialize(leaf)
         return _data_nodes(leaves)
     return nodes
 

@@ -222,6 +222,7 @@ def _run_or_set_aside(tensors, held: set) -> None:
     except ProgramCheckError:
         raise  # (the step ran and bound its results: nothing to set aside)
     except Exception as e:
+        tensors = [t for t in tensors if pending(t)]  # (none is bound, unless a bind failed)
         groups = _components(tensors)
         failing, fits = [], []
         for group in groups if len(groups) > 1 else ():
@@ -337,6 +338,8 @@ def split_live() -> tuple[list, set]:
         n = t._ir.node
         if type(n) is DeviceData:
             held.add(id(n))
+            if SET_ASIDE:
+                SET_ASIDE.pop(id(t), None)  # it holds data again (.data =, a restore)
         elif SET_ASIDE and _set_aside(t):
             aside.append(t._ir)
         else:

@@ -17,7 +17,7 @@ import torch.nn.modules.module as _module
 import torch.optim.optimizer as _optimizer
 
 from ir_core import DeviceData
-from ir_runtime import _donation
+from ir_runtime import _donation, _runtime_checks
 from ir_runtime._frontend.recording import _rng, _tensor
 from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._tensor import LazyTensor, base_of, live, wrap
@@ -57,6 +57,8 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
     for t in live():
         tid = id(t)
         busy = _pending(t)
+        if busy and _step.SET_ASIDE and _step._set_aside(t):
+            continue  # set aside by a failed step: left out, as mark_step leaves it
         if tid in arg_pos:
             # Data an argument is rebound to (mark_sharding of the batch) is where a replay
             # places the next argument anyway; computed values go back to a lazy argument.
@@ -269,7 +271,8 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads) -> list:
     # Donated: what a replay reads from a tensor (or an argument) the step rebinds, never a
     # constant the plan keeps to pass again.
     only = holders.keys() | arg_nodes.keys()
-    (_, exe, g, arrays), where = _step.run(pending, entry.held(), only)
+    with _runtime_checks.deferred():  # a failed program check comes once results are bound
+        (_, exe, g, arrays), where = _step.run(pending, entry.held(), only)
     plan.exe = exe
     for p, a in zip(g.params, arrays, strict=True):
         plan.shapes.append(p.shape)
