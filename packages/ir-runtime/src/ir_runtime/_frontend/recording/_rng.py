@@ -5,7 +5,8 @@ program on a new key, and ``torch.manual_seed(s)`` restarts the stream: the same
 same numbers (not CPU torch's bits; jax's threefry generator).
 
 This module owns the stream's state (``_state``); everything else reads and writes it through
-``current_key``, ``draw``, ``state``, ``restore``, ``keyed`` and ``next_step``."""
+``current_key``, ``draw``, ``state``, ``restore``, ``keyed``, ``seedings`` and
+``next_step``."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ def _manual_seed(seed):
     """torch.manual_seed, counted: the lazy stream restarts when the user reseeds."""
     _seedings[0] += 1
     return _torch_manual_seed(seed)
+
+
+def seedings() -> int:
+    """How many times torch has been reseeded: a compiled step's trace compares it before and
+    after the call, to reseed its replays the same way."""
+    return _seedings[0]
 
 
 def install() -> None:

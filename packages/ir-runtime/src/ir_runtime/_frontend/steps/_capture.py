@@ -23,7 +23,19 @@ check that fails says why in ``CompiledStep.last_guard_failure``. A guard failin
 call is named in a ``CaptureWarning`` (and ``replaying`` reads False). A step ending in
 ``zero_grad()`` also checks that the ``.grad`` it left None is still None. Anything else the
 function reads from Python (a global, a closure) is frozen at capture, as in ``jax.jit``: pass
-it as an argument. Its Python side effects happen on traced calls only.
+it as an argument.
+
+A replay is the call it replaces: it redoes the program's writes (tensors, gradients, lazy
+arguments, and host arguments the step wrote in place, copied back), the random stream's step,
+and a ``torch.manual_seed`` the step called (the same seed again, CPU torch's generator too). A
+call with any other effect is not replayed, and its reason names the effect (``_trace``'s
+``_Effects``): a host tensor written by CPU ops (a counter, ``AveragedModel``'s
+``n_averaged``), directly or through a view; a Python attribute set on a module, optimizer or
+scheduler it reaches, or on the object of a bound method (``self.count += 1``); optimizer state
+set in Python, or created; ``requires_grad_``; a module's parameters, buffers or submodules
+replaced or registered; a draw from CPU torch's generator. A one-time effect (the first step's
+optimizer state) only keeps that call from being the one replayed. Other Python side effects
+(printing, appending to a list, a global) happen on traced calls only.
 
 A step is never replayed (it stays traced every call, with a ``CaptureWarning`` saying why) when
 its recording shows Python work a replay could not reproduce: it reads values to the host,
@@ -62,6 +74,11 @@ class CaptureWarning(UserWarning):
 _NESTED = (tuple, list, dict)  # arguments flatten takes apart
 _grad_enabled = torch.is_grad_enabled
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
+_VARYING = (
+    "values it computes in Python change from call to call (a learning rate set every step; "
+    "Adam's bias corrections from its CPU step count: give torch's Adam-family optimizers "
+    "capturable=True); pass such values as tensors"
+)
 
 
 def _data_nodes(leaves) -> list:
@@ -151,8 +168,12 @@ class CompiledStep:
 
     def _trace(self, key, leaves: list, structure):
         _metrics.count("StepTraced")
+        # Its effects outside the program are watched (which costs each op a Python call) when
+        # this call's plan could be the one replayed: when the last plan was not refused.
+        last = self._last.get(key)
+        watch = last is None or not last.reasons
         with _profile.span("ir_runtime.trace"):
-            plan, outputs = trace(self.fn, leaves, structure)
+            plan, outputs = trace(self.fn, leaves, structure, watch)
         self._settle(key, plan)
         return unflatten(plan.structure, outputs)  # the lazy ones now hold their results
 
@@ -179,14 +200,15 @@ class CompiledStep:
             and last.exe is plan.exe
             and last.const_bytes != plan.const_bytes
         ):
-            plan.reasons.append(
-                "values it computes in Python change from call to call (a learning rate set "
-                "every step; Adam's bias corrections from its CPU step count: give torch's "
-                "Adam-family optimizers capturable=True); pass such values as tensors"
-            )
-        if plan.reasons and last is not None and last.reasons:
-            # Refused twice in a row: not the first call's one-time setup (optimizer state).
+            plan.reasons.append(_VARYING)
+        if not plan.watched and last is not None:
+            plan.effects = last.effects  # as found when last watched
+        if plan.reasons and last is not None and (last.reasons or not last.watched):
+            # Refused twice in a row (or now and when last watched: a call after a refused one
+            # is not watched): not the first call's one-time setup (optimizer state).
             self.reason = plan.reasons[0]
+            if self.reason is _VARYING and last.effects:  # what the last call, watched, did
+                self.reason = last.effects[0]  # (a CPU counter the program reads, say)
             self._warn(self.reason)
 
     def _warn(self, reason: str, once: str | None = None, stacklevel: int = 5) -> None:

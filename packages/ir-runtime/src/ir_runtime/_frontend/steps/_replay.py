@@ -19,7 +19,7 @@ from ir_runtime import _donation, _metrics, _runtime_checks
 from ir_runtime._data import fetch, put
 from ir_runtime._execute import place
 from ir_runtime._frontend.recording import _rng
-from ir_runtime._frontend.recording._convert import host_numpy
+from ir_runtime._frontend.recording._convert import host_numpy, host_tensor
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.recording._views import write_through
 from ir_runtime._frontend.steps._guards import array_bytes, first_failure, tensor_name
@@ -86,7 +86,8 @@ def leaf_key(k: int, x):
 # What a replay reads and writes.
 
 ARG, STATE, CONST, RNG = "arg", "state", "const", "rng"  # where a parameter's data comes from
-OUT, GRAD, DROP = "out", "grad", "drop"  # what a result binds to, besides STATE, ARG
+# What a result binds to, besides STATE, ARG: HOST is a host argument the step wrote in place.
+OUT, GRAD, DROP, HOST = "out", "grad", "drop", "host"
 
 
 class Miss:
@@ -129,6 +130,9 @@ class Replay:
         self.bindings: list = []  # (kind, tensor ref / arg or output index, root index)
         self.structure = None  # the return value's structure
         self.statics: list = []  # the return value's leaves; None where a tensor goes
+        self.reseed: int | None = None  # the seed the call gave torch.manual_seed last
+        self.watched = True  # whether its effects outside the program were looked for
+        self.effects: list[str] = []  # those found, among its reasons
         self.guards: tuple = ()  # what a replay checks first, top to bottom (see _guards)
         self.checks: tuple = ()  # the same, as a replay runs it: as_runs(guards)
         # sources and bindings zipped with what the executable says of each, on first replay
@@ -136,10 +140,13 @@ class Replay:
         self._writes: tuple | None = None
 
     def same_as(self, other: Replay) -> bool:
-        """Whether two traced calls did the same thing: the condition for replaying."""
-        if self.reasons or other.reasons or self.exe is not other.exe:
+        """Whether two traced calls did the same thing: the condition for replaying ``other``,
+        the later, which must have been watched for effects outside its program."""
+        if self.reasons or other.reasons or not other.watched or self.exe is not other.exe:
             return False
         if self.structure != other.structure or self.statics != other.statics:
+            return False
+        if self.reseed != other.reseed:
             return False
         if self.const_bytes != other.const_bytes or len(self.sources) != len(other.sources):
             return False
@@ -203,6 +210,8 @@ class Replay:
                 leaves[x]._bind(data)
                 if leaves[x]._views:
                     write_through(leaves[x])
+            elif kind is HOST:
+                write_host(leaves[x], data)
         _rng.next_step()
         _metrics.count("StepReplay")
         return outputs
@@ -254,9 +263,19 @@ class Replay:
         for k in copies or ():
             _metrics.count("DonationCopies")
             arrays[k] = jax.device_put(arrays[k], may_alias=False)
+        if self.reseed is not None:  # as the traced call did (CPU torch's generator too)
+            torch.manual_seed(self.reseed)
         if rng is not None:
             arrays[rng] = place(_rng.draw()[0].node, arrays[rng])
         return arrays
+
+
+def write_host(t: torch.Tensor, data: DeviceData) -> None:
+    """Copy a program result into the host tensor ``t`` (a host argument the step wrote in
+    place, as eager writes it)."""
+    _metrics.count("TransferToHost")
+    with torch.no_grad():
+        t.copy_(host_tensor(fetch(data.handle), data.shape.dtype))
 
 
 def _alive(refs):

@@ -8,6 +8,7 @@ its inputs and results gets its role in the plan (``_program``); last, the guard
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from collections import Counter
@@ -15,6 +16,8 @@ from collections import Counter
 import torch
 import torch.nn.modules.module as _module
 import torch.optim.optimizer as _optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ir_core import DeviceData
 from ir_runtime import _donation, _runtime_checks
@@ -31,12 +34,14 @@ from ir_runtime._frontend.steps._guards import (
     RequiresGradGuard,
     UnsetGradGuard,
     as_runs,
+    tensor_name,
 )
 from ir_runtime._frontend.steps._replay import (
     ARG,
     CONST,
     DROP,
     GRAD,
+    HOST,
     OUT,
     RNG,
     STATE,
@@ -44,6 +49,7 @@ from ir_runtime._frontend.steps._replay import (
     flatten,
     unflatten,
     value_bytes,
+    write_host,
 )
 from ir_runtime._frontend.steps._step import pending as _pending
 
@@ -62,12 +68,11 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
         if tid in arg_pos:
             # Data an argument is rebound to (mark_sharding of the batch) is where a replay
             # places the next argument anyway; computed values go back to a lazy argument.
-            if not busy or not isinstance(leaves[arg_pos[tid]], LazyTensor):
-                if busy:  # a host tensor's own lazy copy, written by the step
-                    pending.append(t)
-                    roles.append((DROP, None))
+            if not busy:
                 continue
-            role = (ARG, arg_pos[tid])
+            # A host argument's lazy copy, written by the step: the program's result is copied
+            # back into the caller's host tensor, on every call, as eager writes it.
+            role = (ARG if isinstance(leaves[arg_pos[tid]], LazyTensor) else HOST, arg_pos[tid])
         elif tid in entry_nodes:
             if not busy:
                 if t._ir.node is not entry_nodes[tid]:
@@ -102,6 +107,209 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
             pending.append(t)
             roles.append(role)
     return pending, roles, reasons, survivors
+
+
+# ---------------------------------------------------------------------------------------------
+# What a traced call does outside its program. A replay redoes the program's writes, the random
+# stream's step and a reseed (``Replay.reseed``), nothing else: a call with any other effect is
+# not replayed, and its reason names the effect. A one-time effect (the optimizer state of a
+# first step, an attribute set once) only keeps that call from being the one replayed.
+
+_VALUES = (int, float, bool, complex, str, bytes, type(None))  # compared by value
+_MISSING = object()
+_WRITES: dict = {}  # ATen op -> the (position, name) of the arguments it writes in place
+
+
+def _same(a, b) -> bool:
+    return a is b or (type(a) is type(b) and type(a) in _VALUES and a == b)
+
+
+def _written_args(func) -> tuple:
+    found = _WRITES.get(func)
+    if found is None:
+        found = _WRITES[func] = tuple(
+            (i, a.name)
+            for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )
+    return found
+
+
+class _HostWrites(TorchDispatchMode):
+    """Notes (weakly) the host tensors the ops inside write in place. A lazy op writes a lazy
+    tensor, which the program rebinds; a host tensor written by a CPU op (a counter ``seen +=
+    n``, ``AveragedModel``'s ``n_averaged``) is Python work that no program holds."""
+
+    def __init__(self):
+        super().__init__()
+        # id of the tensor written (a view's base) -> (weak reference, the view or None)
+        self.written: dict = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        written = _WRITES.get(func)
+        for i, name in _written_args(func) if written is None else written:
+            x = args[i] if i < len(args) else kwargs.get(name)
+            for t in x if isinstance(x, (list, tuple)) else (x,):
+                if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor):
+                    base = t if t._base is None else t._base  # a view dies with the call
+                    seen = self.written.get(id(base))
+                    if seen is None or seen[0]() is not base:  # (a dead temporary's id)
+                        view = None if base is t else (t.shape, t.dtype)
+                        self.written[id(base)] = (_ref(base), view)
+        return func(*args, **kwargs)
+
+
+def _roots(fn) -> list:
+    """What ``fn`` reaches by name, as ``(name, object)``: its closure's variables, the globals
+    it names, and the object a bound method (or a callable object) belongs to, with that
+    object's attributes."""
+    owner = getattr(fn, "__self__", None)  # a bound method's object
+    func = getattr(fn, "__func__", fn)
+    if not hasattr(func, "__code__"):  # a callable object: its class's __call__
+        owner, func = fn, getattr(type(fn).__call__, "__func__", None)
+    roots = []
+    code = getattr(func, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, func.__closure__ or (), strict=False):
+            try:
+                roots.append((name, cell.cell_contents))
+            except ValueError:  # a cell not filled yet
+                pass
+        names = func.__globals__
+        roots += [(n, names[n]) for n in code.co_names if n in names]
+    if owner is not None and not isinstance(owner, type(torch)):
+        roots.append(("self", owner))
+        roots += [(f"self.{k}", v) for k, v in getattr(owner, "__dict__", {}).items()]
+    return roots
+
+
+class _Effects:
+    """The state a traced call could change outside its program, noted as the call begins (a
+    module or optimizer first met inside it, as it is called or stepped), and what changed."""
+
+    def __init__(self, fn, entry: _Entry):
+        self.roots = roots = _roots(fn)
+        # id -> (label, a reference to it, its attributes, its guard, optimizer state)
+        self.seen: dict = {}
+        for name, x in roots:
+            if isinstance(x, torch.nn.Module):
+                for sub, m in x.named_modules(remove_duplicate=True):
+                    self.note(m, f"{name}.{sub}" if sub else name)
+            elif isinstance(x, (torch.optim.Optimizer, LRScheduler)) or name == "self":
+                self.note(x, name)
+        self.entry = entry
+        self.flags = [t.requires_grad for t in entry.tensors]
+        self.mode = _HostWrites()
+        self.seedings = _rng.seedings()
+        self.cpu_rng = torch.get_rng_state()
+
+    def note(self, x, label: str | None = None) -> None:
+        if id(x) in self.seen:
+            return
+        label = label or type(x).__name__
+        guard = state = None
+        if isinstance(x, torch.nn.Module):
+            guard = ModuleGuard(x)
+        elif isinstance(x, torch.optim.Optimizer):
+            guard = OptimizerGuard(x)
+            state = {id(p): (p, dict(s)) for p, s in x.state.items()}
+        try:  # weakly: a module the call makes and drops (a loss module) must die with it
+            ref = _ref(x)
+        except TypeError:
+            ref = (lambda y: lambda: y)(x)
+        self.seen[id(x)] = (label, ref, dict(getattr(x, "__dict__", {})), guard, state)
+
+    def reasons(self) -> list:
+        """Why the call cannot be replayed: each effect of it that a replay would not redo."""
+        out = []
+        for label, ref, attrs, guard, state in self.seen.values():
+            x = ref()
+            if x is None:
+                continue
+            now = getattr(x, "__dict__", {})
+            for k in [*attrs, *(k for k in now if k not in attrs)]:
+                a, b = attrs.get(k, _MISSING), now.get(k, _MISSING)
+                if not _same(a, b):
+                    what = "deletes" if b is _MISSING else "sets"
+                    was = "unset" if a is _MISSING else _short(a)
+                    out.append(
+                        f"it {what} the Python attribute {label}.{k} (it was {was}), which a "
+                        f"replay would not redo; keep a count in a lazy tensor, or set it "
+                        f"outside the step"
+                    )
+            if guard is not None and not guard.holds():
+                out.append(
+                    f"it changes what a replay checks ({guard.why()}), which a replay would "
+                    f"not redo; do that outside the step"
+                )
+            for p, entries in (state or {}).values():
+                after = x.state.get(p, {})
+                for k in [*entries, *(k for k in after if k not in entries)]:
+                    if not _same(entries.get(k, _MISSING), after.get(k, _MISSING)):
+                        out.append(
+                            f"it sets {label}'s state entry {k!r} in Python, which a replay "
+                            f"would not redo; keep it in a tensor the step updates in place"
+                        )
+        cpu_rng = self.cpu_rng
+        if _rng.seedings() != self.seedings:  # a replay reseeds: CPU torch's stream restarts
+            cpu_rng = torch.Generator().manual_seed(torch.initial_seed()).get_state()
+        if not torch.equal(torch.get_rng_state(), cpu_rng):
+            out.append(
+                "it draws from CPU torch's random generator (a host torch.rand, a sampler), "
+                "which a replay would not; draw on the lazy device, or outside the step"
+            )
+        for t, flag in zip(self.entry.tensors, self.flags, strict=True):
+            if t.requires_grad is not flag:
+                out.append(
+                    f"it calls requires_grad_({not flag}) on a "
+                    f"{tensor_name(t.shape, t.dtype)}, which a replay would not redo; do "
+                    f"that outside the step"
+                )
+        for ref, view in self.mode.written.values():
+            t = ref()
+            if t is not None:
+                name = self.name(t, view)
+                if ".state[" in name:  # (torch's Adam family: its CPU step count)
+                    out.append(
+                        f"values it computes in Python change from call to call: it writes "
+                        f"a host {name} in place with CPU ops, which its program does not "
+                        f"hold; give torch's Adam-family optimizers capturable=True"
+                    )
+                    continue
+                out.append(
+                    f"it writes a host {name} in place with CPU ops, which its program does "
+                    f"not hold; keep that tensor on the lazy device, or update it outside "
+                    f"the step"
+                )
+        return out
+
+    def name(self, base: torch.Tensor, view) -> str:
+        """A host tensor as the step reaches it (a variable, a buffer, optimizer state), or a
+        view of it (``view``: its shape and dtype; None for the tensor itself)."""
+        where = None
+        noted = [(label, ref()) for label, ref, *_ in self.seen.values()]
+        for label, x in [*self.roots, *noted]:
+            if x is base:
+                where = label
+            elif isinstance(x, torch.nn.Module):
+                found = [n for n, b in x.named_buffers() if b is base]
+                found += [n for n, p in x.named_parameters() if p is base]
+                where = f"{label}.{found[0]}" if found else None
+            elif isinstance(x, torch.optim.Optimizer):
+                found = [k for s in x.state.values() for k, v in s.items() if v is base]
+                where = f"{label}.state[...][{found[0]!r}]" if found else None
+            if where is not None:
+                break
+        what = tensor_name(base.shape, base.dtype)
+        if where is not None:
+            what = f"tensor {where} ({what})"
+        return what if view is None else f"view ({tensor_name(*view)}) of {what}"
+
+
+def _short(x) -> str:
+    text = repr(x) if type(x) in _VALUES else f"a {type(x).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,28 +374,34 @@ class _Entry:
         return _donation.held(live(), lambda tid: 2 + grads.get(tid, 0) if tid in nodes else 0)
 
 
-def _call(fn, structure, lazy: list, plan: Replay):
-    """Run ``fn`` on the lazy arguments, noting the optimizers it steps, the modules it calls
-    and the host tensors its program reads; ``plan`` gets the result's structure and reasons
-    from what the call did. Returns ``(its result's leaves, lazy ones detached, optimizers,
-    modules, host reads)``; the result itself, with its autograd graph, goes with this frame."""
+def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
+    """Run ``fn`` on the lazy arguments, noting the optimizers it steps, the modules it calls,
+    the host tensors its program reads and its other ``effects``; ``plan`` gets the result's
+    structure and reasons from what the call did (``effects`` None: not looked for). Returns
+    ``(its result's leaves, lazy ones detached, optimizers, modules, host reads)``; the result
+    itself, with its autograd graph, goes with this frame."""
     optimizers: dict = {}
     modules: dict = {}
 
     def saw_optimizer(opt, args, kwargs):
         optimizers.setdefault(id(opt), opt)  # returns None: the arguments stay as they are
+        if effects is not None:
+            effects.note(opt)
 
     def saw_module(m, args):
         ref = modules.get(id(m))
         if ref is None or ref() is not m:  # (a dead module's id can be reused)
             modules[id(m)] = _ref(m)  # weakly: a module made and dropped by the call dies
+            if effects is not None:
+                effects.note(m)
 
     hooks = [
         _optimizer.register_optimizer_step_pre_hook(saw_optimizer),
         _module.register_module_forward_pre_hook(saw_module),
     ]
     try:
-        with _step.watch() as seen, _tensor.host_reads() as host_reads:
+        mode = contextlib.nullcontext() if effects is None else effects.mode
+        with _step.watch() as seen, _tensor.host_reads() as host_reads, mode:
             args, kwargs = unflatten(structure, lazy)
             out = fn(*args, **kwargs)
     finally:
@@ -200,6 +414,9 @@ def _call(fn, structure, lazy: list, plan: Replay):
         )
     if seen.mark_steps:
         plan.reasons.append("it calls mark_step(); a compiled step runs as one program")
+    if effects is not None:
+        plan.effects = effects.reasons()
+        plan.reasons += plan.effects
     out_leaves: list = []
     plan.structure = flatten(out, out_leaves)
     # Results are returned detached: a replay has no autograd graph to give them.
@@ -302,14 +519,22 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads) -> list:
     return grad_reads + requires + hosts
 
 
-def trace(fn, leaves: list, structure) -> tuple[Replay, list]:
+def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list]:
     """Run one call of the step as ``fn(...); mark_step()`` would, and make its plan: returns
-    ``(plan, the call's result leaves)``, the lazy ones holding their results."""
+    ``(plan, the call's result leaves)``, the lazy ones holding their results. ``watch``:
+    whether to look for its effects outside the program (``_Effects``); a plan made without
+    must not be replayed, only compared with the next."""
     if any(_pending(t) for t in live()):
         _step.mark_step()  # the step's program holds only the step
     entry = _Entry(leaves)
     plan = Replay()
-    outputs, optimizers, modules, host_reads = _call(fn, structure, entry.lazy, plan)
+    seedings = _rng.seedings()
+    plan.watched = watch
+    effects = _Effects(fn, entry) if watch else None
+    outputs, optimizers, modules, host_reads = _call(fn, structure, entry.lazy, plan, effects)
+    effects = None
+    if _rng.seedings() != seedings:  # it reseeded: a replay reseeds the same way
+        plan.reseed = torch.initial_seed()
     plan.reasons += entry.reasons
     plan.reasons += [
         f"it returns a tensor on {o.device}, not a lazy tensor"
@@ -323,6 +548,9 @@ def trace(fn, leaves: list, structure) -> tuple[Replay, list]:
     read_guards = []
     if pending:
         read_guards = _program(plan, entry, pending, roles, host_reads)
+        for kind, i, _ in plan.bindings:
+            if kind is HOST:
+                write_host(leaves[i], entry.lazy[i]._ir.node)
     else:
         plan.reasons.append("it computes nothing on the lazy device")
     _rng.next_step()
