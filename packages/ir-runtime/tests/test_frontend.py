@@ -470,6 +470,36 @@ def test_views_held_by_the_user_see_writes_to_their_base():
         same(v_l, v_e, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_mask_assignment_of_a_broadcast_value_reads_nothing(accumulate):
+    """``x[mask] = v`` with a mask over leading dims and a value that broadcasts over what each
+    True element selects is a ``where``: eager's values, no count read from the device (a
+    sampling loop's ``logits[logits < v[:, [-1]]] = -inf`` every token)."""
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn(3, 4, 5, generator=g)
+    cases = [
+        (x0[..., 0] > 0, torch.randn(5, generator=g)),  # a row per True element
+        (x0 > 0.5, torch.tensor(-float("inf") if not accumulate else 2.0)),  # 0-d
+        (x0[:, 0, 0] < 0, torch.randn(1, 5, generator=g)),  # a block, broadcast over dim 1
+        (x0[..., 0] > 9, torch.randn(1)),  # no True element
+    ]
+    for mask, v in cases:
+        e = x0.clone().index_put_((mask,), v, accumulate=accumulate)
+        x = irt.to_lazy(x0.clone())
+        before = irt.metrics()["counters"].get("DataDependentSync", 0)
+        x.index_put_((irt.to_lazy(mask),), irt.to_lazy(v), accumulate=accumulate)
+        assert irt.metrics()["counters"].get("DataDependentSync", 0) == before
+        torch.testing.assert_close(irt.to_torch(x), e)
+    # A value of one element per True element still reads the count (its shape needs it).
+    mask = x0 > 0
+    v = torch.arange(float(mask.sum()))
+    x = irt.to_lazy(x0.clone())
+    before = irt.metrics()["counters"].get("DataDependentSync", 0)
+    x[irt.to_lazy(mask)] = irt.to_lazy(v)
+    torch.testing.assert_close(irt.to_torch(x), x0.clone().index_put_((mask,), v))
+    assert irt.metrics()["counters"]["DataDependentSync"] == before + 1
+
+
 def test_data_dependent_shapes_read_one_number_and_match_eager():
     """nonzero, masked_select and a boolean mask index give eager's values and gradients; each
     reads its size once (DataDependentSync), and the values stay on the device."""

@@ -99,8 +99,44 @@ def _index(func, args, kwargs):
 def _index_put_handler(func, args, kwargs):
     x, indices = args[0], args[1]
     if _has_mask(indices):
+        static = _masked_put(x, indices, args[2:], kwargs)
+        if static is not None:
+            return static
         indices = _integer_indices(indices, "aten::index_put")
     return record(func, (x, indices, *args[2:]), kwargs)
+
+
+def _masked_put(x, indices, rest, kwargs):
+    """``x[mask] = values`` (``+=`` with ``accumulate``) as a ``where``, with no count read from
+    the device (a sampling loop's ``logits[logits < v] = -inf`` every token): when the one index
+    is a lazy boolean mask over ``x``'s leading dims and ``values`` broadcasts over what each
+    True element selects, as ``index_put`` broadcasts it. None otherwise."""
+    values = rest[0] if rest else kwargs.get("values")
+    accumulate = rest[1] if len(rest) > 1 else kwargs.get("accumulate", False)
+    mask = indices[0]
+    if (
+        len(indices) != 1
+        or not isinstance(mask, LazyTensor)
+        or mask.dtype is not torch.bool
+        or not isinstance(values, torch.Tensor)
+        or values.dtype != x.dtype
+    ):
+        return None
+    k = mask.dim()
+    trailing = tuple(x.shape[k:])
+    if k == 0 or k > x.dim() or tuple(mask.shape) != tuple(x.shape[:k]):
+        return None
+    if values.numel() == 1:
+        values = record(aten.reshape.default, (values, []), {})
+    elif values.dim() > len(trailing) or any(
+        v not in (1, t) for v, t in zip(reversed(values.shape), reversed(trailing), strict=False)
+    ):
+        return None
+    if trailing:
+        mask = record(aten.reshape.default, (mask, [*mask.shape, *[1] * len(trailing)]), {})
+    if accumulate:
+        values = record(aten.add.Tensor, (x, values), {})
+    return record(aten.where.self, (mask, values, x), {})
 
 
 special(aten.index_put.default, aten._index_put_impl.default)(_index_put_handler)
