@@ -446,3 +446,32 @@ def test_a_draw_from_cpu_torchs_generator_is_refused():
     for (out, cpu), (out_e, cpu_e) in zip(got, expected, strict=True):
         close(out, out_e)
         np.testing.assert_array_equal(cpu.numpy(), cpu_e.numpy())
+
+
+@pytest.mark.parametrize("outside", ["zero_grad(set_to_none=False)", "w.clamp_()"])
+def test_pending_work_on_a_tensor_the_step_reads_is_run_first_and_the_step_replays(outside):
+    """Work recorded outside the step on a tensor it reads (not an argument) is run first, by
+    one mark_step, and the call is still replayed; values equal eager's after every call."""
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(4, 3)
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1)
+
+    def step(model, opt, x):
+        model(x).pow(2).sum().backward()
+        opt.step()
+
+    compiled = irt.compile_step(lambda x: step(lazy, opt_l, x))
+    for k in range(6):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(k))
+        for model, opt in ((eager, opt_e), (lazy, opt_l)):
+            if outside == "w.clamp_()":
+                with torch.no_grad():
+                    model.weight.clamp_(-0.3, 0.3)
+            opt.zero_grad(set_to_none=False)
+        step(eager, opt_e, x)
+        compiled(irt.to_lazy(x))
+        for (name, p), q in zip(lazy.named_parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.cpu(), q.detach(), msg=name)
+    assert compiled.replaying, compiled.last_guard_failure

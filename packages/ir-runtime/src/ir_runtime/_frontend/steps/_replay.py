@@ -22,6 +22,7 @@ from ir_runtime._frontend.recording import _rng
 from ir_runtime._frontend.recording._convert import host_numpy, host_tensor
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.recording._views import write_through
+from ir_runtime._frontend.steps import _step
 from ir_runtime._frontend.steps._guards import array_bytes, first_failure, tensor_name
 
 # ---------------------------------------------------------------------------------------------
@@ -216,9 +217,11 @@ class Replay:
         _metrics.count("StepReplay")
         return outputs
 
-    def _inputs(self, leaves: list, replayable_args: list):
+    def _inputs(self, leaves: list, replayable_args: list, ran: bool = False):
         """The program's arguments, from the current data of the tensors it reads; a ``Miss``
-        when one of them is gone or holds no data of the shape traced (the last guard)."""
+        when one of them is gone or holds no data of the shape traced (the last guard). Pending
+        work on a tensor it reads (``zero_grad(set_to_none=False)`` or ``w.clamp_()`` outside
+        the step) is run first, by one ``mark_step``, as a traced call would run it."""
         arrays = []
         rng = None
         reads = self._reads
@@ -253,6 +256,9 @@ class Replay:
                 rng = len(arrays)
                 arrays.append(sharding)
                 continue
+            if type(node) is not DeviceData and kind is STATE and not ran:
+                _step.mark_step()  # (nothing placed so far is kept: read them all again)
+                return self._inputs(leaves, replayable_args, ran=True)
             if type(node) is not DeviceData or node.shape != shape:
                 return Miss(_unreadable(kind, x, node, shape))
             if shared:  # donated, yet still read elsewhere: the program takes a copy
