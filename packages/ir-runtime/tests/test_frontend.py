@@ -722,3 +722,28 @@ def test_a_write_in_place_keeps_the_tensors_placement():
     irt.mark_step()
     assert inspect.data_of(u).sharding.is_equivalent_to(placed, 1)
     assert irt.to_torch(u).tolist() == (torch.ones(8) + torch.arange(8.0)).tolist()
+
+
+def test_out_arguments_record_their_functional_form_and_spectral_norm_equals_eager():
+    """``torch.div(a, b, out=o)`` and friends rebind ``o`` to the functional op's value
+    (``div.out`` -> ``div.Tensor``, matched by its arguments); ``spectral_norm``'s power
+    iteration writes its vectors that way."""
+    a0, b0 = torch.arange(1.0, 5.0), torch.tensor([2.0, -2.0, 4.0, 8.0])
+    a, b = irt.to_lazy(a0), irt.to_lazy(b0)
+    for op, kw in (
+        (torch.div, {}),
+        (torch.div, {"rounding_mode": "floor"}),
+        (torch.add, {"alpha": 3}),
+        (torch.sub, {"alpha": 2}),
+        (torch.mul, {}),
+    ):
+        o = irt.to_lazy(torch.zeros(4))
+        op(a, b, out=o, **kw)
+        assert torch.equal(irt.to_torch(o), op(a0, b0, **kw)), (op, kw)
+    torch.manual_seed(0)
+    eager = torch.nn.utils.spectral_norm(torch.nn.Linear(4, 3))
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):  # each training forward runs one power iteration, writing u and v
+        torch.testing.assert_close(irt.to_torch(lazy(irt.to_lazy(x))), eager(x))
+    torch.testing.assert_close(irt.to_torch(lazy.weight_u), eager.weight_u)

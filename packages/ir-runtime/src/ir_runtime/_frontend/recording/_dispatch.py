@@ -78,6 +78,19 @@ def _signature_of(func, named: bool):
 _OUT_FORMS = {"arange.start_out": "start_step", "arange.out": "default"}
 
 
+def _same_arguments(func, packet):
+    """The overload of ``packet`` taking exactly the arguments of the out overload ``func``
+    but its outputs, by name and type; None when there is not one."""
+    wanted = tuple((a.name, str(a.type)) for a in func._schema.arguments if not a.is_out)
+    for overload in packet.overloads():
+        schema = getattr(packet, overload)._schema
+        if not schema.is_mutable and wanted == tuple(
+            (a.name, str(a.type)) for a in schema.arguments
+        ):
+            return overload
+    return None
+
+
 def _out_variant(func, args, kwargs):
     """``op.out(..., out=t)``: the functional overload, then ``t`` rebound to its result."""
     kwargs = dict(kwargs)
@@ -85,7 +98,12 @@ def _out_variant(func, args, kwargs):
     name = func._schema.name.split("::")[1]
     packet = getattr(aten, name)
     overload = func._overloadname
-    candidates = [_OUT_FORMS.get(f"{name}.{overload}"), overload.replace("_out", ""), "default"]
+    candidates = [
+        _OUT_FORMS.get(f"{name}.{overload}"),
+        _same_arguments(func, packet),  # div.out -> div.Tensor, add.out -> add.Tensor
+        overload.replace("_out", ""),
+        "default",
+    ]
     given = {a.name for a in func._schema.arguments[: len(args)]} | set(kwargs)
     for candidate in candidates:
         functional = getattr(packet, candidate, None) if candidate else None
