@@ -63,8 +63,10 @@ def close(lazy, eager, rtol=1e-5, atol=1e-6):
         lambda p, lazy: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=False),
         # Its step counts on the lazy device (CPU torch refuses capturable).
         lambda p, lazy: torch.optim.AdamW(p, lr=0.01, capturable=lazy),
+        # foreach: its bias corrections are _foreach_pow(beta, steps), a number to a list
+        lambda p, lazy: torch.optim.Adam(p, lr=0.01, capturable=lazy, foreach=True),
     ],
-    ids=["sgd", "sgd-nesterov", "sgd-momentum-single", "adamw-capturable"],
+    ids=["sgd", "sgd-nesterov", "sgd-momentum-single", "adamw-capturable", "adam-foreach"],
 )
 @pytest.mark.parametrize("zero_first", [True, False], ids=["zero-first", "zero-last"])
 def test_replays_match_eager(make_opt, zero_first):

@@ -188,7 +188,9 @@ def _foreach(func, args, kwargs):
     name = func._schema.name.split("::")[1][len("_foreach_") :]
     bound = dict(zip([a.name for a in func._schema.arguments], args, strict=False))
     bound.update(kwargs)
-    n = len(bound["self"])
+    # (the lists' length: ``self`` is a number in ``_foreach_pow.ScalarAndTensor``, the bias
+    # corrections of Adam(foreach=True, capturable=True))
+    n = next(len(v) for v in bound.values() if isinstance(v, (list, tuple)))
     results = []
     for i in range(n):
         positional, keywords = [], {}
