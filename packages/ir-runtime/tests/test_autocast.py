@@ -1,6 +1,7 @@
 """torch.autocast on the lazy device, against eager CPU autocast (torch's own policy)."""
 
 import copy
+import warnings
 
 import numpy as np
 import pytest
@@ -91,3 +92,25 @@ def test_a_dtype_autocast_cannot_take_is_refused_by_name(dtype):
         with torch.autocast("lazy", dtype=dtype):
             pass
     assert (a @ a).dtype == torch.float32  # nothing left switched on
+
+
+def test_cpu_autocast_around_lazy_ops_warns_once_and_names_the_lazy_one(monkeypatch):
+    """torch's autocast is per device: ``autocast("cpu")`` changes nothing on the lazy device.
+    Said once, naming ``autocast("lazy")``; CPU tensors inside are still cast."""
+    from ir_runtime._frontend.recording import _dispatch
+
+    monkeypatch.setattr(_dispatch, "_CPU_AUTOCAST_WARNED", [False])
+    m = irt.to_lazy(torch.nn.Linear(4, 3))
+    x = irt.to_lazy(torch.ones(2, 4))
+    with pytest.warns(irt.AutocastWarning, match=r"torch.autocast\('lazy', dtype"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x)
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    assert y.dtype == torch.float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            m(x)  # said once
+        with torch.autocast("lazy", dtype=torch.bfloat16):
+            assert m(x).dtype == torch.bfloat16
+    assert _dispatch.CPU_AUTOCAST == [0]

@@ -83,6 +83,7 @@ _FRONTEND = {
         "recording._api",
     ),
     "LazyTensor": "recording._tensor",
+    "AutocastWarning": "recording._dispatch",
     **dict.fromkeys(("mark_step", "to_torch"), "steps._step"),
     **dict.fromkeys(("CaptureWarning", "CompiledStep", "compile_step"), "steps._capture"),
     "generate": "steps._generate",
@@ -147,6 +148,7 @@ def supported_ops() -> list[str]:
 
 __all__ = [
     "CACHE",
+    "AutocastWarning",
     "CaptureWarning",
     "CheckedDivisionError",
     "CheckedIndexError",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
+import warnings
 
 import jax
 import torch
@@ -255,9 +256,33 @@ def _route(func):
     return route
 
 
+class AutocastWarning(UserWarning):
+    """``torch.autocast("cpu")`` is on around an op on the lazy device, where it does nothing."""
+
+
+# How many torch.autocast("cpu") regions are open (counted by regions/_autocast: inside
+# __torch_dispatch__ torch's own autocast state reads off), and whether that was said.
+CPU_AUTOCAST = [0]
+_CPU_AUTOCAST_WARNED = [False]
+
+
+def _warn_cpu_autocast(func) -> None:
+    _CPU_AUTOCAST_WARNED[0] = True
+    warnings.warn(
+        f"torch.autocast('cpu') is on around {func} on the lazy device, where it changes "
+        f"nothing (torch's autocast is per device): use torch.autocast('lazy', "
+        f"dtype=torch.bfloat16) for lazy tensors. Said once.",
+        AutocastWarning,
+        stacklevel=3,
+    )
+
+
 def _dispatch(cls, func, types, args=(), kwargs=None):
     """What the C dispatch leaves: keyword arguments, first sightings, several outputs, views,
-    in-place and special ops."""
+    in-place and special ops. (Every step has some, so a CPU autocast left on around lazy ops is
+    noticed here, at the cost of one flag read.)"""
+    if CPU_AUTOCAST[0] and not _CPU_AUTOCAST_WARNED[0]:
+        _warn_cpu_autocast(func)
     route = _ROUTES.get(id(func))
     if route is not None:
         plan = route[1]

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from ir_runtime._errors import DTypeError
+from ir_runtime._frontend.recording import _dispatch
 from ir_runtime._frontend.recording._convert import DEVICE
 from ir_runtime._frontend.recording._tensor import LazyTensor
 
@@ -145,7 +146,10 @@ class autocast(_TORCH_AUTOCAST):
 
     def __enter__(self):
         if not self._lazy:
-            return super().__enter__()
+            entered = super().__enter__()
+            self._cpu = self.device == "cpu" and self._enabled  # (lazy ops inside: a warning)
+            _dispatch.CPU_AUTOCAST[0] += self._cpu
+            return entered
         _ACTIVE.append(self._dtype_lazy)
         if not any(isinstance(m, _Casts) for m in _get_current_function_mode_stack()):
             self._mode = _Casts()
@@ -154,6 +158,7 @@ class autocast(_TORCH_AUTOCAST):
 
     def __exit__(self, *exc):
         if not self._lazy:
+            _dispatch.CPU_AUTOCAST[0] -= self._cpu
             return super().__exit__(*exc)
         if self._mode is not None:
             self._mode.__exit__(*exc)
