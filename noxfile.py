@@ -45,6 +45,23 @@ def runtime(session):
 
 
 @nox.session
+def opinfo_all(session):
+    """torch's OpInfo suite over every sample of every op (slow: not a default session).
+
+    CI runs the first three samples; the later ones carry the keyword arguments the first ones
+    lack. Prints the totals; narrow it with pytest's arguments: ``nox -s opinfo_all -- -k conv``.
+    """
+    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH)
+    session.chdir(RUNTIME)
+    session.run(
+        "pytest",
+        "tests/test_opinfo.py",
+        *session.posargs,
+        env={"IR_RUNTIME_OPINFO_SAMPLES": "all"},
+    )
+
+
+@nox.session
 def integration(session):
     session.install(
         f"./{CORE}",

@@ -39,6 +39,9 @@ TOLERANCES = {
     "polygamma": (1e-3, 1e-5),
     "special.polygamma": (1e-3, 1e-5),
     "mvlgamma": (1e-3, 1e-5),
+    # Outputs near 0 that are weighted sums of values up to ~9 (the later samples' is_causal and
+    # attn_mask forms): eager and XLA are each ~1e-5 off float64 there, in different elements.
+    "nn.functional.scaled_dot_product_attention": (1e-4, 3e-5),
 }
 
 
@@ -225,7 +228,8 @@ def _failure(e) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def samples_of(op, n: int, requires_grad: bool):
+def samples_of(op, n: int | None, requires_grad: bool):
+    """The first ``n`` samples, or all of them where ``n`` is None."""
     torch.manual_seed(0)
     it = op.sample_inputs("cpu", DTYPE, requires_grad=requires_grad)
     out = []
@@ -236,8 +240,9 @@ def samples_of(op, n: int, requires_grad: bool):
     return out
 
 
-def check(op, n_samples: int = 3) -> Outcome:
-    """Values (and gradients, where the op has them) of the first ``n_samples`` samples."""
+def check(op, n_samples: int | None = 3) -> Outcome:
+    """Values (and gradients, where the op has them) of the first ``n_samples`` samples (all of
+    them where ``n_samples`` is None)."""
     with_grad = op.supports_autograd and DTYPE in op.supported_backward_dtypes("cpu")
     rtol, atol = TOLERANCES.get(op.name, (RTOL, ATOL))
     values, grads, detail = "pass", "pass" if with_grad else None, ""

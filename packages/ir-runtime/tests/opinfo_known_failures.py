@@ -2,6 +2,10 @@
 
 ``name: (part, reason)``: ``part`` is ``"values"`` (the op raises) or ``"gradients"`` (its values
 match, its backward raises). This list only shrinks (``test_opinfo.py``).
+
+``ALL_SAMPLES_FAILURES``: the same, for ops whose first three samples pass and a later one does
+not; counted only when every sample runs (``IR_RUNTIME_OPINFO_SAMPLES=all``, ``nox -s
+opinfo_all``).
 """
 
 KNOWN_FAILURES = {
@@ -25,3 +29,5 @@ KNOWN_FAILURES = {
         "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction: as the chunked variant",
     ),
 }
+
+ALL_SAMPLES_FAILURES: dict = {}

@@ -2,7 +2,11 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from aten import check
+from eager import compare
+
+import ir_runtime as irt
 
 torch.manual_seed(0)
 
@@ -191,6 +195,35 @@ def test_transposed_convolution():
     check("convolution", x, w, None, [2, 2], [1, 1], [1, 1], True, [1, 1], 1, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("spatial", [(5, 6), (3, 4, 5)])
+def test_convolution_one_value_for_every_dim(spatial, transposed):
+    """torch's convolution takes stride, padding, dilation and output_padding as one value
+    for every spatial dim (conv2d's padding forms in OpInfo's later samples)."""
+    n = len(spatial)
+    x = rnd(2, 4, *spatial)
+    w = rnd(4, 3, *[2] * n) if transposed else rnd(3, 4, *[2] * n)
+    args = ([2], [1], [1], transposed, [1] if transposed else [0], 1)
+    check("convolution", x, w, None, *args, rtol=1e-4, atol=1e-4)
+    g = rnd(*torch.ops.aten.convolution(x, w, None, *args).shape)
+    check("convolution_backward", g, x, w, [3], *args, [True] * 3, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("conv", [F.conv1d, F.conv2d, F.conv3d])
+@pytest.mark.parametrize(("padding", "stride", "dilation"), [("valid", 2, 1), ("same", 1, 3)])
+def test_convolution_padding_strings(conv, padding, stride, dilation):
+    """``padding="valid"`` / ``"same"``: torch records one padding value for every dim."""
+    n = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3}[conv]
+    compare(
+        lambda x, w, b: conv(x, w, b, stride=stride, padding=padding, dilation=dilation),
+        rnd(2, 4, *[6] * n),
+        rnd(3, 4, *[2, 3, 2][:n]),
+        rnd(3),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
 def test_shape_ops():
     x = rnd(2, 3, 4)
     check("view", x, [6, 4])
@@ -230,6 +263,42 @@ def test_indexing_ops():
     check("embedding_dense_backward", rnd(2, 2, 3), torch.tensor([[1, 9], [0, 1]]), 10, -1, False)
 
 
+@pytest.mark.parametrize("scale_grad_by_freq", [False, True])
+@pytest.mark.parametrize("padding_idx", [None, 1, -1])
+@pytest.mark.parametrize(
+    "ids", [torch.tensor([[1, 1, 1, 2], [3, 2, 5, 1]]), torch.tensor([5, 0, 5, 5, 2])]
+)
+def test_embedding_arguments(ids, padding_idx, scale_grad_by_freq):
+    """Values and weight gradients against eager, repeated ids among them: with
+    scale_grad_by_freq each id's row is divided by how often it occurs (issue 35: it was
+    ignored), the padding row gets none."""
+    compare(
+        lambda w: F.embedding(
+            ids, w, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq
+        ),
+        rnd(6, 3),
+    )
+    grad = rnd(*ids.shape, 3)
+    for pad in (-1, 2):
+        check("embedding_dense_backward", grad, ids, 6, pad, scale_grad_by_freq)
+    no_ids = torch.zeros(0, 2, dtype=torch.long)
+    check("embedding_dense_backward", rnd(0, 2, 3), no_ids, 6, -1, scale_grad_by_freq)
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.5, float("inf")])
+def test_embedding_max_norm(norm_type):
+    """max_norm renormalizes the rows the ids name, in place (embedding_renorm), before the
+    lookup: the values, the gradient and the renormalized table against eager."""
+    ids = torch.tensor([[1, 1, 2], [5, 0, 1]])
+    table = rnd(6, 3) * 3
+    check("embedding_renorm", table, ids, 1.5, norm_type)
+    compare(lambda w: F.embedding(ids, w, max_norm=1.5, norm_type=norm_type), table)
+    eager, lazy = table.clone(), irt.to_lazy(table)
+    F.embedding(ids, eager, max_norm=1.5, norm_type=norm_type)
+    F.embedding(irt.to_lazy(ids), lazy, max_norm=1.5, norm_type=norm_type)
+    torch.testing.assert_close(irt.to_torch(lazy), eager)
+
+
 def test_softmax_family_and_losses():
     x = rnd(4, 7)
     check("_softmax", x, 1, False)
@@ -244,6 +313,42 @@ def test_softmax_family_and_losses():
         out, total = torch.ops.aten.nll_loss_forward(lp, target, None, reduction, 3)
         check("nll_loss_backward", torch.ones_like(out), lp, target, None, reduction, 3, total)
     check("nll_loss_forward", lp, target, pos(7), 1, -100)
+
+
+@pytest.mark.parametrize(
+    ("fn", "shape"),
+    [
+        (lambda x: F.group_norm(x, 1), (0, 2)),
+        (lambda x: F.group_norm(x, 2, torch.ones(4), torch.zeros(4)), (0, 4, 3)),
+        (lambda x: F.max_pool2d(x, 2), (0, 2, 4, 4)),
+        (lambda x: F.max_pool3d(x, 2, return_indices=True)[0], (0, 2, 4, 4, 4)),
+        (lambda x: F.fractional_max_pool2d(x, 2, output_size=(2, 2)), (0, 1, 4, 5)),
+        (lambda x: F.fractional_max_pool3d(x, 2, output_size=(2, 2, 2)), (0, 1, 4, 5, 4)),
+    ],
+)
+def test_empty_inputs(fn, shape):
+    """No samples or no elements per group: each dim's size comes from the node, never a -1
+    that a 0 makes ambiguous."""
+    compare(fn, rnd(*shape))
+
+
+def test_group_norm_statistics_of_empty_groups():
+    """torch's mean of an empty group is 0 and its rstd NaN (values only: torch's own meta
+    function of the backward op divides by the group's size)."""
+    check("native_group_norm", rnd(2, 2, 0), None, None, 2, 2, 0, 1, 1e-5)
+    compare(lambda x: F.group_norm(x, 1), rnd(2, 2, 0), grad=False)
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+def test_softmax_family_0d(dim):
+    """A 0-d tensor is its own one element (softmax 1, log-softmax 0), and so is its gradient."""
+    x, g = rnd(), rnd()
+    check("_softmax", x, dim, False)
+    check("_log_softmax", x, dim, False)
+    check("_softmax_backward_data", g, torch.softmax(x, dim), dim, torch.float32)
+    check("_log_softmax_backward_data", g, torch.log_softmax(x, dim), dim, torch.float32)
+    for fn in (torch.softmax, torch.log_softmax, F.softmin):
+        compare(lambda v, fn=fn: fn(v, dim), rnd())
 
 
 def test_normalization():

@@ -1,5 +1,5 @@
 """Indexing: gather and scatter (with every reduction), index_select/add/copy/fill/reduce,
-index and index_put, take and put, masked_scatter, embedding.
+index and index_put, take and put, masked_scatter, embedding (and its max_norm renorm).
 
 In a checked program (``_runtime_checks``) every index is checked against the size of the dim
 it addresses, with the range torch takes for that op: ``-size..size-1`` for index, index_put,
@@ -296,12 +296,27 @@ def _embedding(node, weight, indices):
     return jnp.take(weight, indices, axis=0)
 
 
+@register("aten::embedding_renorm.default")
+def _embedding_renorm(node, weight, indices):
+    """The rows ``indices`` names whose ``norm_type``-norm exceeds ``max_norm``, scaled to
+    ``max_norm`` (F.embedding's ``max_norm``), as torch does: by ``max_norm / (norm + 1e-7)``."""
+    max_norm, p = node.attrs["max_norm"], node.attrs["norm_type"]
+    _check(node, weight, indices, 0)
+    named = jnp.zeros((weight.shape[0],), bool).at[indices.reshape(-1)].set(True)
+    norm = jnp.linalg.vector_norm(weight, ord=p, axis=1).astype(jnp.float64)
+    scale = (max_norm / (norm + 1e-7)).astype(weight.dtype)
+    return jnp.where((named & (norm > max_norm))[:, None], weight * scale[:, None], weight)
+
+
 @register("aten::embedding_dense_backward.default")
 def _embedding_backward(node, grad, indices):
     n = node.attrs["num_weights"]
     pad = node.attrs["padding_idx"]
     flat = indices.reshape(-1)
-    g = grad.reshape(flat.shape[0], -1)
+    g = grad.reshape(flat.shape[0], grad.shape[-1])  # not -1: there may be no ids
     if pad >= 0:
         g = jnp.where((flat == pad)[:, None], jnp.zeros((), g.dtype), g)
+    if node.attrs["scale_grad_by_freq"]:  # each occurrence's share: 1 / how often its id occurs
+        counts = jnp.zeros((n,), jnp.int64).at[flat].add(1)
+        g = g * (1 / counts[flat][:, None]).astype(g.dtype)
     return jnp.zeros((n, g.shape[1]), g.dtype).at[flat].add(g).astype(out_dtype(node))

@@ -60,17 +60,22 @@ def _addbmm(node, bias, x, y):
     return (bias + prod).astype(dt)
 
 
+def _per_dim(values, n: int) -> tuple:
+    """One value per spatial dim: torch's convolution takes a single one for all of them."""
+    return tuple(values) * n if len(values) == 1 else tuple(values)
+
+
 def _conv(x, w, attrs):
     """torch's convolution (NC[spatial] input, OI[spatial] weight) through lax."""
     n = x.ndim - 2
-    stride, padding, dilation = (tuple(attrs[k]) for k in ("stride", "padding", "dilation"))
+    stride, padding, dilation = (_per_dim(attrs[k], n) for k in ("stride", "padding", "dilation"))
     groups = attrs["groups"]
     spatial = "DHW"[3 - n :]
     dn = lax.conv_dimension_numbers(
         x.shape, w.shape, (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
     )
     if attrs["transposed"]:
-        output_padding = tuple(attrs["output_padding"])
+        output_padding = _per_dim(attrs["output_padding"], n)
         # A transposed conv is the gradient of a conv: dilate the input by the stride and pad.
         k = w.shape[2:]
         pads = [

@@ -84,7 +84,7 @@ def _gather_windows(x, n: int, per_dim_pos):
         shape[i], shape[n + i] = p.shape
         idx.append(jnp.reshape(jnp.asarray(p), shape))
     w = x[(Ellipsis, *idx)]  # lead + (out_1, .., out_n, k_1, .., k_n)
-    return jnp.reshape(w, (*w.shape[: x.ndim], -1))
+    return jnp.reshape(w, (*w.shape[: x.ndim], math.prod(w.shape[x.ndim :])))
 
 
 def _select_max(w, valid, positions):
@@ -159,8 +159,9 @@ def _index_backward(n: int):
         planes = math.prod(x.shape[:-n])
         acc = _acc(grad.dtype)
         flat = jnp.zeros((planes, math.prod(sizes)), acc)
-        g = grad.reshape(planes, -1).astype(acc)
-        idx = indices.reshape(planes, -1).astype(jnp.int64)
+        per_plane = math.prod(grad.shape[-n:])  # not -1: a batch of 0 planes is ambiguous
+        g = grad.reshape(planes, per_plane).astype(acc)
+        idx = indices.reshape(planes, per_plane).astype(jnp.int64)
         flat = flat.at[jnp.arange(planes)[:, None], idx].add(g, mode="drop")
         return flat.reshape(x.shape).astype(out_dtype(node))
 

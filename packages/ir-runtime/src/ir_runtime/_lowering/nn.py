@@ -12,26 +12,38 @@ from ir_runtime import _runtime_checks
 from ir_runtime._lowering._registry import norm_dim, out_dtype, register
 
 
+def _along_dim(fn, node, *xs):
+    """``fn(*xs, axis)`` along the node's ``dim``; a 0-d tensor is its one element (torch takes
+    dim 0 or -1 there: softmax 1, log-softmax 0)."""
+    rank = xs[0].ndim
+    axis = norm_dim(node.attrs["dim"], rank)
+    if rank:
+        return fn(*xs, axis).astype(out_dtype(node))
+    return fn(*(x.reshape(1) for x in xs), 0).reshape(()).astype(out_dtype(node))
+
+
 @register("aten::_softmax.default", "aten::softmax.int")
 def _softmax(node, x):
-    return jax.nn.softmax(x.astype(out_dtype(node)), axis=norm_dim(node.attrs["dim"], x.ndim))
+    return _along_dim(lambda v, a: jax.nn.softmax(v, axis=a), node, x.astype(out_dtype(node)))
 
 
 @register("aten::_log_softmax.default", "aten::log_softmax.int")
 def _log_softmax(node, x):
-    return jax.nn.log_softmax(x.astype(out_dtype(node)), axis=norm_dim(node.attrs["dim"], x.ndim))
+    return _along_dim(lambda v, a: jax.nn.log_softmax(v, axis=a), node, x.astype(out_dtype(node)))
 
 
 @register("aten::_softmax_backward_data.default")
 def _softmax_backward(node, grad, y):
-    dim = norm_dim(node.attrs["dim"], y.ndim)
-    return (y * (grad - jnp.sum(grad * y, axis=dim, keepdims=True))).astype(out_dtype(node))
+    return _along_dim(
+        lambda g, v, a: v * (g - jnp.sum(g * v, axis=a, keepdims=True)), node, grad, y
+    )
 
 
 @register("aten::_log_softmax_backward_data.default")
 def _log_softmax_backward(node, grad, y):
-    dim = norm_dim(node.attrs["dim"], y.ndim)
-    return (grad - jnp.exp(y) * jnp.sum(grad, axis=dim, keepdims=True)).astype(out_dtype(node))
+    return _along_dim(
+        lambda g, v, a: g - jnp.exp(v) * jnp.sum(g, axis=a, keepdims=True), node, grad, y
+    )
 
 
 _REDUCTION = {0: "none", 1: "mean", 2: "sum"}
@@ -223,9 +235,16 @@ def _batch_norm_backward(node, grad, x, weight, running_mean, running_var, save_
 
 
 def _groups(node, x):
-    """``x`` as (N, group, C/group * HxW), the layout group norm reduces over."""
+    """``x`` as (N, group, C/group * HxW), the layout group norm reduces over (from the
+    attributes: with N or HxW 0 a -1 would be ambiguous)."""
     a = node.attrs
-    return x.reshape(a["N"], a["group"], -1)
+    return x.reshape(a["N"], a["group"], a["C"] // a["group"] * a["HxW"])
+
+
+def _channels(node, x):
+    """``x`` as (N, C, HxW)."""
+    a = node.attrs
+    return x.reshape(a["N"], a["C"], a["HxW"])
 
 
 def _per_channel(v, node):
@@ -238,9 +257,10 @@ def _per_channel(v, node):
 def _native_group_norm(node, x, weight, bias):
     a = node.attrs
     g = _groups(node, x)
-    mean = jnp.mean(g, axis=2)
+    # torch's mean of an empty group is 0 (its rstd NaN)
+    mean = jnp.sum(g, axis=2) / max(g.shape[2], 1)
     rstd = lax.rsqrt(jnp.mean(jnp.square(g - mean[:, :, None]), axis=2) + a["eps"])
-    out = (x.reshape(a["N"], a["C"], -1) - _per_channel(mean, node)) * _per_channel(rstd, node)
+    out = (_channels(node, x) - _per_channel(mean, node)) * _per_channel(rstd, node)
     if weight is not None:
         out = out * weight[None, :, None]
     if bias is not None:
@@ -253,13 +273,11 @@ def _native_group_norm(node, x, weight, bias):
 def _native_group_norm_backward(node, grad, x, mean, rstd, weight):
     """From the forward's saved ``mean`` and ``rstd``."""
     a = node.attrs
-    n, c = a["N"], a["C"]
-    x3, g3 = x.reshape(n, c, -1), grad.reshape(n, c, -1)
+    x3, g3 = _channels(node, x), _channels(node, grad)
     xhat = (x3 - _per_channel(mean, node)) * _per_channel(rstd, node)
     gxhat = g3 if weight is None else g3 * weight[None, :, None]
-    per_group = (n, a["group"], -1)
-    gx_groups = gxhat.reshape(per_group)
-    xhat_groups = xhat.reshape(per_group)
+    gx_groups = _groups(node, gxhat)
+    xhat_groups = _groups(node, xhat)
     gx = rstd[:, :, None] * (
         gx_groups
         - jnp.mean(gx_groups, axis=2, keepdims=True)
