@@ -69,7 +69,7 @@ def buffers(graph, out_specs) -> list[tuple[int, str]]:
     first: what a user can find in their code (XLA's temporaries have no name there)."""
     found = []
     for kind, values, specs in (
-        ("result", [r for r in graph.roots], out_specs),
+        ("result", graph.roots, out_specs),
         ("input", [p.outputs[0] for p in graph.params], [p.sharding for p in graph.params]),
     ):
         for v, spec in zip(values, specs, strict=True):
@@ -77,8 +77,7 @@ def buffers(graph, out_specs) -> list[tuple[int, str]]:
             dims = shape.dims if spec is None else spec.shard_shape(shape.dims)
             nbytes = math.prod(dims) * to_numpy_dtype(shape.dtype).itemsize
             node = v.node
-            origin = getattr(node, "origin", None)
-            at = f" at {origin}" if origin is not None else ""
+            at = f" at {node.origin}" if node.origin is not None else ""
             made = "" if node.op == "device_data" else f" from {node.op}{at}"
             found.append((nbytes, f"{kind} {shape}{made}: {_gb(nbytes)} per device"))
     found.sort(key=lambda b: -b[0])

@@ -24,6 +24,12 @@ from ir_sharding import ShardingError
 _ref = weakref.ref
 
 
+def data_read(values) -> set:
+    """The ids of the data nodes the graphs of ``values`` read: what a program computing other
+    tensors must not donate."""
+    return {id(n) for n in post_order(values) if type(n) is DeviceData}
+
+
 def pending(t: LazyTensor) -> bool:
     """Whether ``t`` waits for a program (its value is not data yet)."""
     return type(t._ir.node) is not DeviceData
@@ -229,7 +235,7 @@ def _run_or_set_aside(tensors, held: set) -> None:
             trial = fits + group
             chosen = {id(t) for t in trial}
             rest = [u._ir for u in tensors if id(u) not in chosen]
-            keep = held | {id(n) for n in post_order(rest) if type(n) is DeviceData}
+            keep = held | data_read(rest)
             roots, _, donate, pins = _prepare(trial, keep)
             try:
                 CACHE.get(roots, donate, pins)
@@ -294,7 +300,7 @@ def mark_step() -> None:
                 keep = held
                 if len(groups) > 1:  # what the other programs read is not donated
                     others = [u._ir for g in groups if g is not group for u in g]
-                    keep = held | {id(n) for n in post_order(others) if type(n) is DeviceData}
+                    keep = held | data_read(others)
                 try:
                     _run_or_set_aside(group, keep)
                 except Exception as e:
@@ -324,7 +330,7 @@ def materialize(t: LazyTensor) -> DeviceData:
         if len(tensors) < len(busy):  # what the others will still read is not donated
             chosen = {id(u) for u in tensors}
             rest = [u._ir for u in busy if id(u) not in chosen]
-            held.update(id(n) for n in post_order(rest) if type(n) is DeviceData)
+            held |= data_read(rest)
         _run_or_set_aside(tensors, held)
     return t._ir.node
 
@@ -347,7 +353,7 @@ def split_live() -> tuple[list, set]:
     if SET_ASIDE:
         for k in [k for k, (ref, _) in SET_ASIDE.items() if ref() is None]:
             del SET_ASIDE[k]
-        held.update(id(n) for n in post_order(aside) if type(n) is DeviceData)
+        held |= data_read(aside)
     return busy, held
 
 
