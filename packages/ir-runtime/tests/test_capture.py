@@ -572,7 +572,10 @@ def test_requires_grad_of_a_tensor_read_changing_is_named():
     assert why == "tensor [4] float32 that the step reads no longer requires grad"
 
 
-def test_a_gradient_read_being_replaced_is_named():
+def test_a_gradient_read_is_whichever_tensor_p_grad_is():
+    """A program that reads and accumulates into ``w.grad`` reads ``w.grad`` as it is at each
+    call: replaced between calls (by the user, or by a backward after ``zero_grad()``), the
+    replay reads and writes the new one, as eager does; set to None, the call is traced."""
     w = irt.to_lazy(torch.ones(4)).requires_grad_()
     x = torch.randn(4)
 
@@ -580,13 +583,22 @@ def test_a_gradient_read_being_replaced_is_named():
     def accumulate(x):
         (x * w).sum().backward()  # no zero_grad: the program reads w.grad and adds to it
 
-    def restart():
-        w.grad = irt.to_lazy(torch.zeros(4))
-
-    counts, why = fail_guard(accumulate, lambda: accumulate(irt.to_lazy(x)), restart)
-    assert counts == (1, 1)
-    assert why == "p.grad of tensor [4] float32 was replaced"
-    close(w.grad, 3 * x)  # the new gradient, then two replays added to it
+    for _ in range(3):
+        accumulate(irt.to_lazy(x))
+    assert accumulate.replaying
+    before = dict(counters())
+    w.grad = mine = irt.to_lazy(torch.full((4,), 5.0))
+    for _ in range(2):
+        accumulate(irt.to_lazy(x))
+    after = counters()
+    assert after["StepTraced"] == before["StepTraced"]  # replayed, into the new tensor
+    assert after["StepReplay"] - before.get("StepReplay", 0) == 2
+    assert w.grad is mine  # written in place, as eager's accumulation
+    close(w.grad, 5 + 2 * x)
+    w.grad = None
+    accumulate(irt.to_lazy(x))  # makes w.grad: another plan, traced
+    assert accumulate.last_guard_failure == "p.grad of tensor [4] float32 was set to None"
+    close(w.grad, x)
 
 
 def test_a_gradient_set_between_calls_of_a_step_ending_in_zero_grad_is_used():

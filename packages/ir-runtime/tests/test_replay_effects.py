@@ -475,3 +475,96 @@ def test_pending_work_on_a_tensor_the_step_reads_is_run_first_and_the_step_repla
         for (name, p), q in zip(lazy.named_parameters(), eager.parameters(), strict=True):
             torch.testing.assert_close(p.cpu(), q.detach(), msg=name)
     assert compiled.replaying, compiled.last_guard_failure
+
+
+# ---------------------------------------------------------------------------------------------
+# Split accumulation: one compiled function per micro-batch, one for the update.
+
+
+def _split(model, opt, set_to_none=True):
+    def micro(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y) / 3
+        loss.backward()
+        return loss
+
+    def update():
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+
+    return micro, update
+
+
+@pytest.mark.parametrize(
+    ("make_opt", "set_to_none"),
+    [
+        (lambda ps, lazy: torch.optim.SGD(ps, lr=0.1, momentum=0.9), True),
+        (lambda ps, lazy: torch.optim.AdamW(ps, lr=0.01, capturable=lazy), True),
+        (lambda ps, lazy: torch.optim.SGD(ps, lr=0.1, momentum=0.9), False),
+    ],
+    ids=["sgd", "adamw", "sgd-set_to_none=False"],
+)
+def test_split_accumulation_replays_both_functions(make_opt, set_to_none, no_capture_warning):
+    """Three micro-batch calls accumulate into p.grad (the first makes it, the others add to
+    it), then the update reads p.grad and zero_grad() drops (or zeroes) it: both functions are
+    replayed, the micro-batch one with two plans chosen by whether p.grad is set, each
+    reading p.grad as it is then; values equal eager's after every call."""
+    eager, lazy = models()
+    opt_e, opt_l = make_opt(eager.parameters(), False), make_opt(lazy.parameters(), True)
+    micro_e, update_e = _split(eager, opt_e, set_to_none)
+    micro, update = map(irt.compile_step, _split(lazy, opt_l, set_to_none))
+    data = batches(18)
+    irt.reset_metrics()
+    for it in range(6):
+        for x, y in data[3 * it : 3 * it + 3]:
+            close(micro(irt.to_lazy(x), irt.to_lazy(y)), micro_e(x, y))
+            for p, q in zip(lazy.parameters(), eager.parameters(), strict=True):
+                close(p.grad, q.grad)
+        update()
+        update_e()
+        same_model(lazy, eager)
+        for p, q in zip(lazy.parameters(), eager.parameters(), strict=True):
+            assert (p.grad is None) is (q.grad is None)
+    c = irt.metrics()["counters"]
+    # traced: the micro-batch calls of the first iteration (p.grad None, then set twice) and
+    # the first of the second (None again, unless zeroed in place), the update's first three
+    # (its first makes the optimizer state); 24 calls in all
+    assert c["StepTraced"] == (4 if set_to_none else 3) + 3
+    assert c["StepReplay"] == 24 - c["StepTraced"]
+    assert micro.replaying and update.replaying
+
+
+def test_split_accumulation_leaves_a_gradient_the_user_kept_intact():
+    """An update that reads p.grad and drops it (its results, of the gradients' shapes, take
+    their buffers over): a replay donates p.grad's buffer only when nothing but p.grad holds
+    the tensor; a gradient the user kept keeps its values (the program reads a copy)."""
+    eager, lazy = models()
+    opts = {m: torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, lazy)}
+
+    def make_update(model):
+        def update():
+            halves = [p.grad * 0.5 for p in model.parameters()]
+            opts[model].step()
+            opts[model].zero_grad()
+            return halves
+
+        return update
+
+    micro_e, _ = _split(eager, opts[eager])
+    micro = irt.compile_step(_split(lazy, opts[lazy])[0])
+    update, update_e = irt.compile_step(make_update(lazy)), make_update(eager)
+    for k, (x, y) in enumerate(batches(8)):
+        micro(irt.to_lazy(x), irt.to_lazy(y))
+        micro_e(x, y)
+        keep = k % 2 == 1 and k > 3  # traced without (its plan donates p.grad), then replayed
+        kept = [p.grad for p in lazy.parameters()] if keep else []
+        kept_e = [q.grad.clone() for q in eager.parameters()] if keep else []
+        irt.reset_metrics()
+        for h, h_e in zip(update(), update_e(), strict=True):
+            close(h, h_e)
+        c = irt.metrics()["counters"]
+        assert c["DonatedBuffers"] == 8  # the weights, and the gradients or their copies
+        assert c.get("DonationCopies", 0) == len(kept)  # a copy for each gradient kept
+        for g, g_e in zip(kept, kept_e, strict=True):
+            close(g, g_e)
+        same_model(lazy, eager)
+    assert update.replaying

@@ -5,37 +5,40 @@ This module decides when to trace and when to replay; ``_trace`` traces one call
 
 Tracing a step runs torch's dispatcher, autograd engine and optimizer for every op, every step:
 on a small model that costs more than the program it records. A compiled step is traced on its
-first calls exactly as ``mark_step`` would run it; once two consecutive calls record the same
-program, read the same tensors and bind their results to the same tensors, later calls skip the
-function and run the compiled program on the tensors' current data, as ``jax.jit`` does.
+first calls exactly as ``mark_step`` would run it; once a call records the same program as an
+earlier one (of the last four with its argument key), reads the same tensors, binds its results
+to the same tensors and needs the same of gradients, later calls skip the function and run the
+compiled program on the tensors' current data, as ``jax.jit`` does. A key keeps up to four such
+plans and replays the first whose guards hold: a micro-batch step traced with ``p.grad`` None
+(it makes the gradients) and with ``p.grad`` set (it adds to them) replays both ways.
 
 What a replay checks before it runs (and traces again when any differs): the argument key (the
-arguments' shapes, dtypes and structure, Python arguments by value, grad mode) picks the plan
-of one traced call; then that plan's guard table (``Replay.guards``; the guard kinds are in
+arguments' shapes, dtypes and structure, Python arguments by value, grad mode) picks the plans of
+its traced calls; then each plan's guard table (``Replay.guards``; the guard kinds are in
 ``_guards``), top to bottom: every optimizer the step stepped (hyperparameters, state table,
 parameter lists), every module it called that outlives the call (its ``training`` flag, which
-parameters, buffers and submodules it has, which parameters require grad), whether each tensor
-it gave a new ``.grad`` had one as the call began, that the gradients the program reads are
-still their tensors' ``.grad``, whether the tensors the program reads still require grad, and
-the values of host tensors the program read (or of their view's base); last, as its inputs are
-read, that every tensor it reads still exists and holds data of the shape traced. The first
-check that fails says why in ``CompiledStep.last_guard_failure``. A guard failing call after
-call is named in a ``CaptureWarning`` (and ``replaying`` reads False). A step ending in
-``zero_grad()`` also checks that the ``.grad`` it left None is still None. Anything else the
-function reads from Python (a global, a closure) is frozen at capture, as in ``jax.jit``: pass
-it as an argument.
+parameters, buffers and submodules it has, which parameters require grad), whether each tensor it
+gave a new ``.grad`` had one as the call began, that each tensor whose ``.grad`` the program reads
+or writes in place has one (whichever tensor: the plan reads ``p.grad`` as it is then), whether the
+tensors the program reads still require grad, and the values of host tensors the program read (or
+of their view's base); last, as its inputs are read, that every tensor it reads still exists and
+holds data of the shape traced. When no plan's guards all hold, the first plan's first failing
+check says why in ``CompiledStep.last_guard_failure``. A guard failing call after call is named in
+a ``CaptureWarning`` (and ``replaying`` reads False). A step ending in ``zero_grad()`` also checks
+that the ``.grad`` it left None is still None. Anything else the function reads from Python (a
+global, a closure) is frozen at capture, as in ``jax.jit``: pass it as an argument.
 
 A replay is the call it replaces: it redoes the program's writes (tensors, gradients, lazy
-arguments, and host arguments the step wrote in place, copied back), the random stream's step,
-and a ``torch.manual_seed`` the step called (the same seed again, CPU torch's generator too). A
-call with any other effect is not replayed, and its reason names the effect (``_trace``'s
-``_Effects``): a host tensor written by CPU ops (a counter, ``AveragedModel``'s
-``n_averaged``), directly or through a view; a Python attribute set on a module, optimizer or
-scheduler it reaches, or on the object of a bound method (``self.count += 1``); optimizer state
-set in Python, or created; ``requires_grad_``; a module's parameters, buffers or submodules
-replaced or registered; a draw from CPU torch's generator. A one-time effect (the first step's
-optimizer state) only keeps that call from being the one replayed. Other Python side effects
-(printing, appending to a list, a global) happen on traced calls only.
+arguments, and host arguments the step wrote in place, copied back), the random stream's step, a
+``torch.manual_seed`` the step called (the same seed again, CPU torch's generator too), and the
+``.grad`` it set to None (``zero_grad()``). A call with any other effect is not replayed, and its
+reason names the effect (``_trace``'s ``_Effects``): a host tensor written by CPU ops (a counter,
+``AveragedModel``'s ``n_averaged``), directly or through a view; a Python attribute set on a
+module, optimizer or scheduler it reaches, or on the object of a bound method (``self.count +=
+1``); optimizer state set in Python, or created; ``requires_grad_``; a module's parameters, buffers
+or submodules replaced or registered; a draw from CPU torch's generator. A one-time effect (the
+first step's optimizer state) only keeps that call from being the one replayed. Other Python side
+effects (printing, appending to a list, a global) happen on traced calls only.
 
 A step is never replayed (it stays traced every call, with a ``CaptureWarning`` saying why) when
 its recording shows Python work a replay could not reproduce: it reads values to the host,
@@ -74,6 +77,7 @@ class CaptureWarning(UserWarning):
 _NESTED = (tuple, list, dict)  # arguments flatten takes apart
 _grad_enabled = torch.is_grad_enabled
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
+_VARIANTS = 4  # plans per signature, each replayed when its guards hold
 _VARYING = (
     "values it computes in Python change from call to call (a learning rate set every step; "
     "Adam's bias corrections from its CPU step count: give torch's Adam-family optimizers "
@@ -109,8 +113,14 @@ class CompiledStep:
 
     def __init__(self, fn):
         self.fn = fn
-        self._replay: dict = {}  # argument key -> the plan replayed for it
-        self._last: dict = {}  # argument key -> the plan of its last traced call
+        # argument key -> the plans replayed for it, the one that last ran first: calls with
+        # one key can alternate between plans (a micro-batch that makes p.grad, then one that
+        # accumulates into it), each chosen by its guards
+        self._replay: dict = {}
+        # argument key -> its plans none of whose guards held at the last call: set aside
+        # until a new plan is replayed (what changed, a learning rate, may change back)
+        self._parked: dict = {}
+        self._last: dict = {}  # argument key -> the plans of its last traced calls, newest first
         self._warned: set = set()
         self.reason: str | None = None  # why the last traced call could not be replayed
         self.last_guard_failure: str | None = None  # why the last replay was refused
@@ -141,20 +151,19 @@ class CompiledStep:
             structure = flat(len(args))
         key = (structure, _grad_enabled(), *map(leaf_key, range(len(leaves)), leaves))
         self._key = key
-        plan = self._replay.get(key)
-        if plan is not None:
+        plans = self._replay.get(key)
+        if plans is not None:
             if _profile.ACTIVE[0]:
                 with _profile.span("ir_runtime.replay"):
-                    out = plan.replay(leaves, _data_nodes(leaves))
+                    out = self._run(plans, leaves)
             else:
-                out = plan.replay(leaves, _data_nodes(leaves))
+                out = self._run(plans, leaves)
             if type(out) is not Miss:
                 if self._failures:  # (the usual replay has none to forget: no key to hash)
                     self._failures.pop(key, None)
                 return out
             self.last_guard_failure = out.why
-            del self._replay[key]
-            self._last.pop(key, None)  # what changed is not a reason to refuse: start afresh
+            self._parked[key] = self._replay.pop(key)
             _metrics.count("StepGuardFailed")
             failures = self._failures[key] = self._failures.get(key, 0) + 1
             if failures == 2:  # again, right after a trace re-enabled the replay
@@ -164,36 +173,61 @@ class CompiledStep:
                     once="guard",
                     stacklevel=3,
                 )
+            return self._trace(key, leaves, structure, missed=True)
         return self._trace(key, leaves, structure)
 
-    def _trace(self, key, leaves: list, structure):
+    @staticmethod
+    def _run(plans: list, leaves: list):
+        """Replay the first of ``plans`` whose guards hold (moved to the front), or the ``Miss``
+        of the first."""
+        first = None
+        nodes = _data_nodes(leaves)
+        for i, plan in enumerate(plans):
+            out = plan.replay(leaves, nodes)
+            if type(out) is not Miss:
+                if i:
+                    plans.insert(0, plans.pop(i))
+                return out
+            if first is None:
+                first = out
+        return first
+
+    def _trace(self, key, leaves: list, structure, missed: bool = False):
+        """Trace the call; ``missed``: its replays' guards failed (what changed, a learning
+        rate say, is no reason to refuse the plan: the call is compared with earlier plans, but
+        not taken for values that vary from call to call)."""
         _metrics.count("StepTraced")
         # Its effects outside the program are watched (which costs each op a Python call) when
         # this call's plan could be the one replayed: when the last plan was not refused.
         last = self._last.get(key)
-        watch = last is None or not last.reasons
+        watch = last is None or not last[0].reasons
         with _profile.span("ir_runtime.trace"):
             plan, outputs = trace(self.fn, leaves, structure, watch)
-        self._settle(key, plan)
+        self._settle(key, plan, missed)
         return unflatten(plan.structure, outputs)  # the lazy ones now hold their results
 
-    def _settle(self, key, plan: Replay) -> None:
-        last = self._last.pop(key, None)
-        self._last[key] = plan  # the most recent signature last
+    def _settle(self, key, plan: Replay, missed: bool) -> None:
+        lasts = self._last.pop(key, None) or []
+        self._last[key] = [plan, *lasts[: _VARIANTS - 1]]  # the most recent signature last
+        last = lasts[0] if lasts and not missed else None
         if len(self._last) > _SIGNATURES:
             stale = next(iter(self._last))
             del self._last[stale]
             self._replay.pop(stale, None)
+            self._parked.pop(stale, None)
             self._failures.pop(stale, None)
             self._warn(
                 f"it was called with more than {_SIGNATURES} argument signatures (shapes, "
                 f"dtypes, Python values; the oldest are dropped): Python numbers among the "
                 f"arguments are part of the key, so pass numbers that change as tensors"
             )
-        if last is not None and last.same_as(plan):
-            self._replay[key] = plan
-            self.reason = None
-            return
+        for earlier in lasts:
+            if earlier.same_as(plan):  # two calls alike: replayed, before the other plans
+                others = self._replay.pop(key, []) + self._parked.pop(key, [])
+                others = [p for p in others if not p.same_as(plan)]
+                self._replay[key] = [plan, *others][:_VARIANTS]
+                self.reason = None
+                return
         if (
             last is not None
             and not plan.reasons

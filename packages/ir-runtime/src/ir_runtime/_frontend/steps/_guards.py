@@ -365,26 +365,25 @@ class UnsetGradGuard(_TensorGuard):
 
 
 class GradReadGuard(_TensorGuard):
-    """A gradient the program reads as a tensor's ``.grad``: it must still be that ``.grad``."""
+    """A tensor whose ``.grad`` the program reads or writes in place: it must have one, a lazy
+    tensor (whichever: a replay reads and writes ``p.grad`` as it is then, as eager would, so a
+    ``.grad`` that ``zero_grad()`` dropped and the next backward made anew is read all the
+    same)."""
 
-    __slots__ = ("grad",)
-
-    def __init__(self, t: torch.Tensor, grad: torch.Tensor):
-        super().__init__(t)
-        self.grad = _ref(grad)
+    __slots__ = ()
 
     def holds(self) -> bool:
         t = self.ref()
-        return t is not None and t.grad is self.grad()
+        return t is not None and type(t.grad) is LazyTensor
 
     def packed(self):
-        return (self.ref, self.grad)
+        return self.ref
 
     @staticmethod
     def all_hold(packed) -> bool:
-        for ref, grad in packed:
+        for ref in packed:
             t = ref()
-            if t is None or t.grad is not grad():
+            if t is None or type(t.grad) is not LazyTensor:
                 return False
         return True
 
@@ -394,7 +393,7 @@ class GradReadGuard(_TensorGuard):
             return f"{self._name()}, whose .grad the step reads, was freed"
         if t.grad is None:
             return f"p.grad of {self._name()} was set to None"
-        return f"p.grad of {self._name()} was replaced"
+        return f"p.grad of {self._name()} is a {t.grad.device} tensor, not a lazy one"
 
 
 class RequiresGradGuard(_TensorGuard):

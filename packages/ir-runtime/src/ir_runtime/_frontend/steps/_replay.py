@@ -23,7 +23,14 @@ from ir_runtime._frontend.recording._convert import host_numpy, host_tensor
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.recording._views import write_through
 from ir_runtime._frontend.steps import _step
-from ir_runtime._frontend.steps._guards import array_bytes, first_failure, tensor_name
+from ir_runtime._frontend.steps._guards import (
+    GradGuard,
+    GradReadGuard,
+    UnsetGradGuard,
+    array_bytes,
+    first_failure,
+    tensor_name,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Arguments and results: nested tuples, lists, dicts and named tuples of tensors and values.
@@ -86,8 +93,13 @@ def leaf_key(k: int, x):
 # ---------------------------------------------------------------------------------------------
 # What a replay reads and writes.
 
+_GRAD_GUARDS = (GradGuard, UnsetGradGuard, GradReadGuard)
 ARG, STATE, CONST, RNG = "arg", "state", "const", "rng"  # where a parameter's data comes from
-# What a result binds to, besides STATE, ARG: HOST is a host argument the step wrote in place.
+# PGRAD: the current ``.grad`` of a tensor, whichever tensor that is then: read as a parameter,
+# or written in place as a result (``p.grad`` accumulated into, or zeroed).
+PGRAD = "p.grad"
+# What a result binds to, besides STATE, ARG, PGRAD: GRAD is a new ``.grad`` of a tensor, HOST a
+# host argument the step wrote in place.
 OUT, GRAD, DROP, HOST = "out", "grad", "drop", "host"
 
 
@@ -109,6 +121,8 @@ def _unreadable(kind, x, node, shape) -> str:
     """Why a replay cannot read a program parameter's data from the tensor it comes from."""
     if kind is ARG:
         what = f"argument {x}"
+    elif kind is PGRAD:
+        what = f"p.grad of {tensor_name(shape.dims, shape.dtype)} that the step reads"
     else:
         what = f"{tensor_name(shape.dims, shape.dtype)} that the step reads"
     if node is None:
@@ -129,6 +143,7 @@ class Replay:
         self.shapes: list = []  # per parameter: the data's Shape
         self.const_bytes: list = []  # per CONST parameter: its value
         self.bindings: list = []  # (kind, tensor ref / arg or output index, root index)
+        self.cleared: list = []  # refs to the tensors whose .grad the call set to None
         self.structure = None  # the return value's structure
         self.statics: list = []  # the return value's leaves; None where a tensor goes
         self.reseed: int | None = None  # the seed the call gave torch.manual_seed last
@@ -155,6 +170,7 @@ class Replay:
             if (
                 k1 != k2
                 or (k1 == STATE and _alive(x1) is not _alive(x2))
+                or (k1 == PGRAD and x1() is not x2())
                 or (k1 == ARG and x1 != x2)
             ):
                 return False
@@ -163,11 +179,15 @@ class Replay:
         for (k1, x1, r1), (k2, x2, r2) in zip(self.bindings, other.bindings, strict=True):
             if k1 != k2 or r1 != r2:
                 return False
-            if (k1 == STATE or k1 == GRAD) and x1() is not x2():
+            if (k1 == STATE or k1 == GRAD or k1 == PGRAD) and x1() is not x2():
                 return False
             if (k1 == ARG or k1 == OUT) and x1 != x2:
                 return False
-        return True
+        if [r() for r in self.cleared] != [r() for r in other.cleared]:
+            return False
+        # The same program can need p.grad None (a step that makes it) or set (one that
+        # accumulates into it): two plans, each replayed when its own guards hold.
+        return _grad_facts(self.guards) == _grad_facts(other.guards)
 
     def replay(self, leaves: list, replayable_args: list):
         """Run the step on the current data, or a ``Miss`` when a guard says to trace it."""
@@ -207,12 +227,21 @@ class Replay:
                 t = x()
                 if t is not None:
                     t.grad = LazyTensor(Value(data))
+            elif kind is PGRAD:  # written in place: whichever tensor p.grad is (guarded)
+                t = x().grad
+                t._bind(data)
+                if t._views:
+                    write_through(t)
             elif kind is ARG:  # the caller's lazy tensor, written by the step
                 leaves[x]._bind(data)
                 if leaves[x]._views:
                     write_through(leaves[x])
             elif kind is HOST:
                 write_host(leaves[x], data)
+        for ref in self.cleared:  # zero_grad() in the step
+            t = ref()
+            if t is not None:
+                t.grad = None
         _rng.next_step()
         _metrics.count("StepReplay")
         return outputs
@@ -244,6 +273,12 @@ class Replay:
                     return Miss(_unreadable(kind, x, None, shape))
                 shared = donated and not _donation.sole(t, 0)
                 node = t._ir.node
+            elif kind is PGRAD:  # (a guard saw p alive, its .grad a lazy tensor)
+                t = x().grad
+                # The step may drop p.grad (zero_grad()) without rebinding it: its buffer is
+                # donated only if nothing but p.grad holds the tensor (the local t; p.grad).
+                shared = donated and not (_donation.refs(t) == 2 and _donation.sole(t, 0))
+                node = t._ir.node
             elif kind is ARG:
                 leaf = leaves[x]
                 if replayable_args[x] is None:  # a host tensor: placed straight from its memory
@@ -256,7 +291,7 @@ class Replay:
                 rng = len(arrays)
                 arrays.append(sharding)
                 continue
-            if type(node) is not DeviceData and kind is STATE and not ran:
+            if type(node) is not DeviceData and kind is not ARG and not ran:
                 _step.mark_step()  # (nothing placed so far is kept: read them all again)
                 return self._inputs(leaves, replayable_args, ran=True)
             if type(node) is not DeviceData or node.shape != shape:
@@ -274,6 +309,11 @@ class Replay:
         if rng is not None:
             arrays[rng] = place(_rng.draw()[0].node, arrays[rng])
         return arrays
+
+
+def _grad_facts(guards) -> list:
+    """What a plan's guards require of gradients: (kind, tensor, whether None)."""
+    return [(type(g), g.packed()) for g in guards if type(g) in _GRAD_GUARDS]
 
 
 def write_host(t: torch.Tensor, data: DeviceData) -> None:

@@ -43,6 +43,7 @@ from ir_runtime._frontend.steps._replay import (
     GRAD,
     HOST,
     OUT,
+    PGRAD,
     RNG,
     STATE,
     Replay,
@@ -56,9 +57,10 @@ from ir_runtime._frontend.steps._step import pending as _pending
 _ref = weakref.ref
 
 
-def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
+def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases, kept):
     """What each live lazy tensor is to a traced call: ``(pending tensors, their roles, reasons
-    the call cannot be replayed, whether a tensor it made outlives it unexplained)``."""
+    the call cannot be replayed, whether a tensor it made outlives it unexplained)``. ``kept``:
+    id of a ``.grad`` at entry that is still its tensor's ``.grad`` -> that tensor."""
     pending, roles, reasons, survivors = [], [], [], False
     for t in live():
         tid = id(t)
@@ -82,7 +84,10 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases):
                         f"outside the step"
                     )
                 continue
-            role = (STATE, _ref(t))
+            owner = kept.get(tid)
+            # p.grad written in place (accumulated into, zeroed): a replay writes p.grad as it
+            # is then, which the next backward may have made anew since
+            role = (STATE, _ref(t)) if owner is None else (PGRAD, _ref(owner))
         elif tid in out_pos:
             if not busy:
                 reasons.append(
@@ -427,21 +432,33 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
     return outputs, list(optimizers.values()), called, host_reads
 
 
-def _new_gradients(entry: _Entry):
+def _new_gradients(entry: _Entry, plan: Replay):
     """The gradients a traced call made: ``({id(gradient): the tensor it is the .grad of}, ids
-    of the view bases only they hold, its guards on gradients)``: a GradGuard per tensor it
-    gave a new ``.grad``, an UnsetGradGuard per tensor whose ``.grad`` was None before and
-    after it (a step ending in ``zero_grad()``: a ``.grad`` set since would be accumulated
-    into by a traced call)."""
-    grad_of, guards = {}, []
+    of the view bases only they hold, its guards on gradients, {id(a .grad at entry that still
+    is): its tensor})``: a GradGuard per tensor it gave a new ``.grad``, an UnsetGradGuard per
+    tensor whose ``.grad`` was None before and after it (a step ending in ``zero_grad()``: a
+    ``.grad`` set since would be accumulated into by a traced call). ``plan.cleared`` gets the
+    tensors whose ``.grad`` it set to None (``zero_grad()`` after a backward outside the step),
+    which a replay sets to None too; its reasons, a ``.grad`` it set to another tensor."""
+    grad_of, guards, kept = {}, [], {}
     for t in entry.tensors:
         if id(t) in entry.grads:
-            g = t.grad
+            g, was = t.grad, entry.grads[id(t)]
             if isinstance(g, LazyTensor) and id(g) not in entry.nodes:
                 grad_of[id(g)] = t
-                guards.append(GradGuard(t, entry.grads[id(t)] is None))
-            elif g is None and entry.grads[id(t)] is None:
-                guards.append(UnsetGradGuard(t))
+                guards.append(GradGuard(t, was is None))
+            elif g is None:
+                if was is None:
+                    guards.append(UnsetGradGuard(t))
+                else:
+                    plan.cleared.append(_ref(t))
+            elif g is was:
+                kept[id(g)] = t
+            else:
+                plan.reasons.append(
+                    f"it sets the .grad of a {tensor_name(t.shape, t.dtype)} to a tensor from "
+                    f"before the call, which a replay would not redo; do that outside the step"
+                )
     # A new gradient can be a view (the transpose of a product): its base lives on only
     # through the view's link, which a replay does not recreate (nothing else reads it).
     bases = set()
@@ -453,20 +470,20 @@ def _new_gradients(entry: _Entry):
                 break
             bases.add(id(b))
             v = b._view
-    return grad_of, bases, guards
+    return grad_of, bases, guards, kept
 
 
-def _roles(leaves, entry: _Entry, outputs, grad_of, bases):
+def _roles(leaves, entry: _Entry, outputs, grad_of, bases, kept):
     """``_classify`` of the tensors a traced call left pending, after a garbage collection if
     some seem to outlive it: they may be held only by reference cycles (an autograd graph
     returned with a result), which must go before the step is blamed."""
     out_pos = {id(o): j for j, o in enumerate(outputs) if isinstance(o, LazyTensor)}
     arg_pos = {id(x): i for i, x in enumerate(entry.lazy) if isinstance(x, LazyTensor)}
-    classified = _classify(leaves, entry.nodes, out_pos, arg_pos, grad_of, bases)
+    classified = _classify(leaves, entry.nodes, out_pos, arg_pos, grad_of, bases, kept)
     if classified[3]:
         classified = None
         gc.collect()
-        classified = _classify(leaves, entry.nodes, out_pos, arg_pos, grad_of, bases)
+        classified = _classify(leaves, entry.nodes, out_pos, arg_pos, grad_of, bases, kept)
     return classified[:3]
 
 
@@ -484,7 +501,7 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads) -> list:
     read_from = {id(node): refs for node, refs in host_reads}
     # A gradient at entry -> the tensor it is the .grad of.
     grad_owner = {id(g): t for t in entry.tensors if (g := entry.grads.get(id(t))) is not None}
-    grad_reads, requires, hosts = [], [], []
+    grad_owners, requires, hosts = [], [], []
     # Donated: what a replay reads from a tensor (or an argument) the step rebinds, never a
     # constant the plan keeps to pass again.
     only = holders.keys() | arg_nodes.keys()
@@ -497,13 +514,14 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads) -> list:
         if pid in arg_nodes:
             plan.sources.append((ARG, arg_nodes[pid]))
         elif pid in holders:
+            owner = grad_owner.get(id(holders[pid][0])) if len(holders[pid]) == 1 else None
+            if owner is not None:  # read as p.grad, whichever tensor that is at a replay
+                plan.sources.append((PGRAD, _ref(owner)))
+                grad_owners.append(owner)
+                continue
             plan.sources.append((STATE, tuple(_ref(h) for h in holders[pid])))
             if len(holders[pid]) == 1:  # (aliases may differ; the one read then is unknown)
-                t = holders[pid][0]
-                requires.append(RequiresGradGuard(t))
-                owner = grad_owner.get(id(t))
-                if owner is not None:  # read as p.grad: p must still have it
-                    grad_reads.append(GradReadGuard(owner, t))
+                requires.append(RequiresGradGuard(holders[pid][0]))
         elif p is key_node:
             plan.sources.append((RNG, None))
         else:
@@ -516,6 +534,9 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads) -> list:
                 if host is not None:
                     hosts.append(HostGuard(host))
     plan.bindings = [(kind, x, k) for (kind, x), k in zip(roles, where, strict=True)]
+    grad_owners += [x() for kind, x, _ in plan.bindings if kind is PGRAD]
+    # p must have a lazy .grad to read and write (one guard per tensor)
+    grad_reads = [GradReadGuard(t) for t in {id(t): t for t in grad_owners}.values()]
     return grad_reads + requires + hosts
 
 
@@ -542,8 +563,8 @@ def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list
         if isinstance(o, torch.Tensor) and not isinstance(o, LazyTensor)
     ]
     plan.statics = [None if isinstance(o, LazyTensor) else o for o in outputs]
-    grad_of, bases, grad_guards = _new_gradients(entry)
-    pending, roles, reasons = _roles(leaves, entry, outputs, grad_of, bases)
+    grad_of, bases, grad_guards, kept = _new_gradients(entry, plan)
+    pending, roles, reasons = _roles(leaves, entry, outputs, grad_of, bases, kept)
     plan.reasons += reasons
     read_guards = []
     if pending:
