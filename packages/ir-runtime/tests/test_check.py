@@ -15,7 +15,7 @@ from ir_sharding import Mesh, ShardingSpec, TupleSharding
 
 F4 = Shape("float32", (4,))
 MESH = Mesh(range(8), (4, 2), ("data", "model"))
-KEY = Shape("uint32", (2,))
+KEY = Shape("uint32", (3,))
 F8 = Shape("float32", (8,))
 
 
@@ -83,7 +83,7 @@ def test_a_good_graph_has_no_violations():
     z = z.clone(attrs={"__lifted__": ("alpha",)})
     idx = leaf(Shape("int64", (2,)))
     picked = node("aten::index.Tensor", [Value(z), idx], [x.shape], {"indexed": (False, True)})
-    key = leaf(KEY, np.zeros(2, np.uint32))
+    key = leaf(KEY, np.zeros(3, np.uint32))
     noise = node("ir::random_normal", [key], [x.shape], {"offset": 0, "mean": 0.0, "std": 1.0})
     spec = ShardingSpec(MESH, ("data", None))
     out = node("ir::annotate", [Value(picked)], [x.shape], {}, spec)
@@ -202,7 +202,7 @@ def test_an_ir_op_without_the_attributes_its_rule_reads():
 def test_a_random_op_without_its_key_or_offset():
     x = leaf()
     attrs = {"offset": 0, "mean": 0.0, "std": 1.0}
-    fires("random-key", [Value(node("ir::random_normal", [x], attrs=attrs))], "uint32[2] key")
+    fires("random-key", [Value(node("ir::random_normal", [x], attrs=attrs))], "uint32[3] key")
     fires("random-key", [Value(node("ir::random_normal", [], attrs=attrs))], "no operand")
     bad = node("ir::random_normal", [leaf(KEY)], attrs={**attrs, "offset": True})
     fires("random-key", [Value(bad)], "`offset` is True")

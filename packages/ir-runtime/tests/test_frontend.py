@@ -241,6 +241,67 @@ def test_dropout_is_reproducible_and_sound():
     assert not torch.equal(irt.to_torch(first), irt.to_torch(second))
 
 
+def _sample(model, idx, n, read_each: bool):
+    """nanoGPT's generate: top-k filtering by a boolean mask, a multinomial draw per token;
+    ``read_each``: a value read to the host per token (a stopping test), which cuts the graph."""
+    for _ in range(n):
+        logits = model(idx)[:, -1, :]
+        v, _ = torch.topk(logits, 3)
+        logits[logits < v[:, [-1]]] = -float("inf")
+        nxt = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
+        idx = torch.cat((idx, nxt), dim=1)
+        if read_each and bool((nxt < 0).any()):
+            break
+    return idx.tolist()
+
+
+@pytest.mark.parametrize("read_each", [False, True], ids=["one-graph", "read-each-token"])
+def test_a_second_identical_sampling_loop_compiles_nothing(read_each):
+    """Random ops draw at an offset from a base that is data: a graph cut in the middle of a
+    step (each token read) starts again at offset 0, so every token's program and a second
+    identical loop hit the cache, and the numbers are those of the uncut loop."""
+    torch.manual_seed(0)
+    model = irt.to_lazy(
+        torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
+    ).eval()
+    idx = irt.to_lazy(torch.tensor([[1, 2], [3, 4]]))
+    irt.mark_step()
+
+    def run(seed=None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        with torch.no_grad():
+            return _sample(model, idx, 6, read_each)
+
+    first = run(7)
+    irt.reset_metrics()
+    second = run()  # the stream goes on: other draws, the same programs
+    counters = irt.metrics()["counters"]
+    assert counters["CompileCount"] == 0 and counters["CacheMiss"] == 0
+    assert counters["ExecuteCount"] == (6 if read_each else 1)
+    assert first != second
+    assert run(7) == first
+    torch.manual_seed(7)
+    with torch.no_grad():
+        assert _sample(model, idx, 6, not read_each) == first  # cut or not, the same draws
+
+
+def test_out_resizes_and_host_conversions_follow_torch():
+    """``out=`` of another shape is resized (a non-empty one with torch's warning); ``tolist``
+    reads the value; ``numpy()`` is refused as for any device but the CPU, unless forced."""
+    a = irt.to_lazy(torch.tensor([1.0, 2.0]))
+    empty = torch.empty(0, device="lazy")
+    assert torch.add(a, 1, out=empty) is empty and empty.tolist() == [2.0, 3.0]
+    full = torch.zeros(3, device="lazy")
+    with pytest.warns(UserWarning, match=r"resized since it had shape \[3\]"):
+        torch.mul(a, 2, out=full)
+    assert full.shape == (2,) and full.tolist() == [2.0, 4.0]
+    assert a[1].tolist() == 2.0 and (a > 1).tolist() == [False, True]
+    with pytest.raises(TypeError, match="can't convert lazy:0 device type tensor to numpy"):
+        a.numpy()
+    np.testing.assert_array_equal(a.numpy(force=True), np.array([1.0, 2.0], np.float32))
+
+
 def test_mark_sharding_places_data_and_errors_change_nothing():
     t = irt.to_lazy(torch.arange(32.0).reshape(8, 4))
     before = inspect.value_of(t)

@@ -116,8 +116,12 @@ _FIRST_USE = textwrap.dedent(
         ('torch.zeros(3, device="lazy")', [0.0, 0.0, 0.0]),
         ('torch.tensor([1.5, -2.0], device="lazy")', [1.5, -2.0]),
         ('torch.tensor([1.5, -2.0]).to("lazy")', [1.5, -2.0]),
+        # composite factories: an empty tensor, written with out= (resized, as torch does)
+        ('torch.arange(1, 9, 3, device="lazy")', [1, 4, 7]),
+        ('torch.eye(2, 3, device="lazy")', [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]),
+        ('torch.randperm(4, device="lazy").sort().values', [0, 1, 2, 3]),
     ],
-    ids=["zeros", "tensor", "to"],
+    ids=["zeros", "tensor", "to", "arange", "eye", "randperm"],
 )
 def test_the_first_tensor_made_on_the_lazy_device_installs_the_front_end(first, values):
     """``import ir_runtime`` changes no torch setting; a fresh interpreter's first tensor made on
@@ -134,7 +138,7 @@ def test_the_first_tensor_made_on_the_lazy_device_installs_the_front_end(first, 
     assert lines == [
         str(values),
         "[1.0, 1.0] torch.Size([2]) torch.Size([2, 3])",
-        f"{[v + 1 for v in values]} {values}",
+        f"{torch.tensor(values).add(1).tolist()} {values}",
     ]
 
 

@@ -354,7 +354,7 @@ _ATTRS = {
     "ir::shard_map_grad": ("body", "in_specs", "out_specs", "wrt", "outs"),
 }
 _SAME_SHAPES = ("ir::annotate", "ir::shard_alike", "ir::optimization_barrier")
-_KEY = ("uint32", (2,))
+_KEY = ("uint32", (3,))
 
 
 def _ir_arity(n, walk):
@@ -378,7 +378,10 @@ def _ir_attrs(n, walk):
 def _random_key(n, walk):
     if not n.operands or (n.operands[0].shape.dtype, n.operands[0].shape.dims) != _KEY:
         got = n.operands[0].shape if n.operands else "no operand"
-        return f"operand 0 is {got}; a random op draws from a uint32[2] key, its operand 0"
+        return (
+            f"operand 0 is {got}; a random op draws from a uint32[3] key (seed, step, base), "
+            f"its operand 0"
+        )
     offset = n.attrs.get("offset")
     if type(offset) is not int or not 0 <= offset < 2**32:
         return f"its `offset` is {offset!r}; it is an int in [0, 2**32), folded into the key"
@@ -693,7 +696,7 @@ RULES = (
         "node",
         _ir(_RANDOM),
         _random_key,
-        "a random op's operand 0 is a uint32[2] key and its `offset` an int in [0, 2**32)",
+        "a random op's operand 0 is a uint32[3] key and its `offset` an int in [0, 2**32)",
     ),
     Rule(
         "same-shapes",

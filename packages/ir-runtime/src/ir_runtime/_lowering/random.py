@@ -1,6 +1,9 @@
-"""Random numbers from an explicit key: ``ir::random_*`` ops take a uint32[2] key operand and an
-``offset`` attribute, so a step is a pure function of its seed and the stream is reproducible.
-The front end folds a per-step counter into the key."""
+"""Random numbers from an explicit key: ``ir::random_*`` ops take a uint32[3] key operand
+(seed, step, base) and an ``offset`` attribute, and draw from threefry's (seed, step) key folded
+with ``base + offset``, so a step is a pure function of its seed and the stream is reproducible.
+The base is data, not part of the program: a graph cut in the middle of a step (a value read
+to the host) starts its draws at a new base with offsets from 0 again, so a sampling loop that
+reads each token runs one program for every token, not one per position in the stream."""
 
 from __future__ import annotations
 
@@ -11,9 +14,20 @@ import numpy as np
 from ir_runtime._lowering._registry import out_dims, out_dtype, register
 
 
+def threefry(key):
+    """The threefry key of a uint32[3] key array: its (seed, step) words."""
+    return jax.random.wrap_key_data(key[:2].astype(jnp.uint32), impl="threefry2x32")
+
+
+def fold_key(key, data):
+    """``key`` (a uint32[3] array) with ``data`` folded into its threefry words, its base kept:
+    a region's key per layer or per device."""
+    folded = jax.random.key_data(jax.random.fold_in(threefry(key), data))
+    return jnp.concatenate([folded, key[2:].astype(jnp.uint32)])
+
+
 def _key(key, node):
-    k = jax.random.wrap_key_data(key.astype(jnp.uint32), impl="threefry2x32")
-    return jax.random.fold_in(k, node.attrs["offset"])
+    return jax.random.fold_in(threefry(key), key[2].astype(jnp.uint32) + node.attrs["offset"])
 
 
 def _floats(node):

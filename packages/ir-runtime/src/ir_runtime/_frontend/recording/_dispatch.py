@@ -115,6 +115,17 @@ def _out_variant(func, args, kwargs):
             if "dtype" in names:
                 kwargs.setdefault("dtype", out.dtype)
             result = dispatch(functional, args, kwargs)
+            if out.shape != result.shape:  # torch resizes out (an empty one, as factories
+                if out.numel():  # make it; a full one with a warning)
+                    warnings.warn(
+                        f"An output with one or more elements was resized since it had shape "
+                        f"{list(out.shape)}, which does not match the required output shape "
+                        f"{list(result.shape)}",
+                        UserWarning,
+                        stacklevel=4,
+                    )
+                out.data = result
+                return out
             rebind(out, result._ir)
             write_through(out)
             return out

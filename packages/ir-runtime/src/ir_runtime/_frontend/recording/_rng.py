@@ -1,8 +1,12 @@
 """Random numbers on the lazy device: a key per step, an offset per op.
 
-The key is a uint32[2] parameter (the seed and a step counter), so every step runs the same
-program on a new key, and ``torch.manual_seed(s)`` restarts the stream: the same seed gives the
-same numbers (not CPU torch's bits; jax's threefry generator).
+The key is a uint32[3] parameter (the seed, a step counter, and the base of the offsets), so
+every step runs the same program on a new key, and ``torch.manual_seed(s)`` restarts the
+stream: the same seed gives the same numbers (not CPU torch's bits; jax's threefry generator).
+An op draws at ``base + offset``. When a graph runs in the middle of a step (a value read to the
+host), the draws after it take a new key whose base is where the stream is, with offsets from
+0 again: the numbers are those of an uncut step, and a loop that reads a value per iteration
+(a sampling loop's tokens) records the same program every iteration, compiled once.
 
 This module owns the stream's state (``_state``); everything else reads and writes it through
 ``current_key``, ``draw``, ``state``, ``restore``, ``keyed``, ``seedings`` and
@@ -19,14 +23,20 @@ from ir_core import DeviceData, Generic, Shape, Value
 from ir_runtime._frontend.recording import _fast
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
 
-_state = {"seed": None, "seedings": -1, "step": 0, "offset": 0, "key": None}
+_state = {"seed": None, "seedings": -1, "step": 0, "base": 0, "offset": 0, "key": None}
 
 
 def next_step() -> None:
     """Called by mark_step: the next step draws from a new key."""
     _state["step"] += 1
-    _state["offset"] = 0
-    _state["key"] = None
+    _state.update(base=0, offset=0, key=None)
+
+
+def rebase() -> None:
+    """Called once a graph has run: the next draws take a new key whose base is where the
+    stream is, offsets from 0 (the tensors still pending keep the key they drew from)."""
+    if _state["offset"]:
+        _state.update(base=_state["base"] + _state["offset"], offset=0, key=None)
 
 
 _seedings = [0]  # how many times torch.manual_seed has been called
@@ -56,7 +66,7 @@ def sync() -> None:
     step), as torch's does."""
     seed = torch.initial_seed()
     if seed != _state["seed"] or _seedings[0] != _state["seedings"]:
-        _state.update(seed=seed, seedings=_seedings[0], step=0, offset=0, key=None)
+        _state.update(seed=seed, seedings=_seedings[0], step=0, base=0, offset=0, key=None)
 
 
 def current_key():
@@ -68,8 +78,9 @@ def draw() -> tuple[Value, int]:
     """The step's key and the next offset: what one random op draws from."""
     sync()
     if _state["key"] is None:
-        data = np.array([_state["seed"] & 0xFFFFFFFF, _state["step"] & 0xFFFFFFFF], np.uint32)
-        _state["key"] = Value(DeviceData(Shape("uint32", (2,)), handle=data))
+        words = (_state["seed"], _state["step"], _state["base"])
+        data = np.array([w & 0xFFFFFFFF for w in words], np.uint32)
+        _state["key"] = Value(DeviceData(Shape("uint32", (3,)), handle=data))
     offset = _state["offset"]
     _state["offset"] += 1
     return _state["key"], offset
@@ -78,16 +89,16 @@ def draw() -> tuple[Value, int]:
 def state() -> tuple[int, int]:
     """Where the stream is: ``(step, offset of the next random op)``."""
     sync()
-    return _state["step"], _state["offset"]
+    return _state["step"], _state["base"] + _state["offset"]
 
 
 def restore(step: int, offset: int) -> None:
     """Put the stream back at ``(step, offset)`` (after ``state``, or from a checkpoint). The
-    key is made from ``(seed, step)``: kept when the step is the same, made again when not."""
+    key is kept when the stream is there already, made again (its base at ``offset``) when
+    not."""
     sync()
-    if step != _state["step"]:
-        _state["key"] = None
-    _state["step"], _state["offset"] = step, offset
+    if (step, offset) != (_state["step"], _state["base"] + _state["offset"]):
+        _state.update(step=step, base=offset, offset=0, key=None)
 
 
 @contextlib.contextmanager

@@ -112,6 +112,19 @@ def _bernoulli(func, args, kwargs):
     return random("ir::random_bernoulli_tensor", _like(x), as_value(x))
 
 
+def _randperm(func, args, kwargs):
+    """``torch.randperm(n, device="lazy")`` as torch's composite kernel records it before the
+    front end's own kernel is registered (``randperm.generator_out`` into an empty tensor)."""
+    b = bound(func, args, kwargs)
+    if b.get("generator") is not None:
+        raise NotImplementedError(
+            "torch.randperm(generator=...) on the lazy device: it draws from the lazy stream "
+            "(torch.manual_seed), not from a torch.Generator; leave generator out"
+        )
+    dtype = b.get("dtype") or torch.int64
+    return random("ir::random_permutation", Shape(ir_dtype(dtype), (int(b["n"]),)))
+
+
 def _rrelu_with_noise(func, args, kwargs):
     """Randomized leaky ReLU: in training, each negative element's slope is drawn from
     U(lower, upper) and written into ``noise`` (1 for the others), which its backward reads."""
@@ -146,3 +159,4 @@ special(aten.randint_like.Tensor)(_randint_like)
 special(aten.multinomial.default)(_multinomial)
 special(aten.bernoulli.default, aten.bernoulli.p)(_bernoulli)
 special(aten.rrelu_with_noise.default)(_rrelu_with_noise)
+special(aten.randperm.generator)(_randperm)

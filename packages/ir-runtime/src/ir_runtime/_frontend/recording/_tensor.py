@@ -98,6 +98,21 @@ class LazyTensor(torch.Tensor):
     def __reduce_ex__(self, protocol):
         return self.detach().cpu().__reduce_ex__(protocol)
 
+    def tolist(self):
+        """The value as (nested) Python numbers, read from the device (torch refuses
+        ``tolist`` on tensor subclasses; an XLA tensor has it)."""
+        return self.detach().cpu().tolist()
+
+    def numpy(self, *, force: bool = False):
+        """As torch does for a tensor on any device but the CPU: refused, unless ``force``
+        (which copies it to the host)."""
+        if force:
+            return self.detach().cpu().numpy()
+        raise TypeError(
+            f"can't convert {DEVICE} device type tensor to numpy. Use Tensor.cpu() to copy the "
+            f"tensor to host memory first (or numpy(force=True))."
+        )
+
     # -- the only writers of _ir, _spec, _placed and _held -----------------------------------
 
     def _set(self, value: Value) -> None:

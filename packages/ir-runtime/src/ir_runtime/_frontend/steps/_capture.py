@@ -222,7 +222,7 @@ class CompiledStep:
                 f"arguments are part of the key, so pass numbers that change as tensors"
             )
         for earlier in lasts:
-            if earlier.same_as(plan):  # two calls alike: replayed, before the other plans
+            if earlier.same_as(plan, grads=False):  # two calls alike: replayed, first
                 others = self._replay.pop(key, []) + self._parked.pop(key, [])
                 others = [p for p in others if not p.same_as(plan)]
                 self._replay[key] = [plan, *others][:_VARIANTS]

@@ -155,7 +155,7 @@ class Replay:
         self._reads: tuple | None = None
         self._writes: tuple | None = None
 
-    def same_as(self, other: Replay) -> bool:
+    def same_as(self, other: Replay, grads: bool = True) -> bool:
         """Whether two traced calls did the same thing: the condition for replaying ``other``,
         the later, which must have been watched for effects outside its program."""
         if self.reasons or other.reasons or not other.watched or self.exe is not other.exe:
@@ -186,8 +186,9 @@ class Replay:
         if [r() for r in self.cleared] != [r() for r in other.cleared]:
             return False
         # The same program can need p.grad None (a step that makes it) or set (one that
-        # accumulates into it): two plans, each replayed when its own guards hold.
-        return _grad_facts(self.guards) == _grad_facts(other.guards)
+        # accumulates into it): two plans, each replayed when its own guards hold. ``grads``
+        # False: equal all the same (``other``, replayed, has its own guards).
+        return not grads or _grad_facts(self.guards) == _grad_facts(other.guards)
 
     def replay(self, leaves: list, replayable_args: list):
         """Run the step on the current data, or a ``Miss`` when a guard says to trace it."""

@@ -76,6 +76,7 @@ def run(tensors, held: set, only=None):
     results = ran[0]
     for t, k in zip(tensors, where, strict=True):
         t._bind(results[k])
+    _rng.rebase()  # later draws start a new key: the next graph's offsets begin at 0
     return ran, where
 
 

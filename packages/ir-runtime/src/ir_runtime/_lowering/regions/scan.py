@@ -23,6 +23,7 @@ from jax import lax
 from ir_core import DeviceData, post_order
 from ir_runtime import _lower, _runtime_checks
 from ir_runtime._lowering._registry import register
+from ir_runtime._lowering.random import fold_key
 from ir_runtime._lowering.regions import bodies
 
 
@@ -48,8 +49,7 @@ class Body:
             env.update((id(p), (a,)) for p, a in zip(self.params, slices, strict=True))
             env.update((id(f), (a,)) for f, a in zip(self.free, free, strict=True))
             if key is not None:
-                k = jax.random.wrap_key_data(free[key].astype(jnp.uint32), impl="threefry2x32")
-                env[id(self.free[key])] = (jax.random.key_data(jax.random.fold_in(k, index)),)
+                env[id(self.free[key])] = (fold_key(free[key], index),)
             with _runtime_checks.collecting(None):  # (a check's flag would leave the scan)
                 for n in self.order:
                     if type(n) is not DeviceData:

@@ -35,6 +35,7 @@ from ir_core import DeviceData, post_order
 from ir_runtime import _lower, _runtime_checks
 from ir_runtime._jaxapi import all_gather_invariant
 from ir_runtime._lowering._registry import register
+from ir_runtime._lowering.random import fold_key
 from ir_runtime._lowering.regions import bodies
 from ir_runtime._placement import spec_at
 from ir_sharding import ShardingSpec
@@ -61,9 +62,7 @@ class Region:
         free = args[n:]
         env.update((id(f), (a,)) for f, a in zip(self.free, free, strict=True))
         if self.key is not None and vary:
-            k = jax.random.wrap_key_data(free[self.key].astype(jnp.uint32), impl="threefry2x32")
-            k = jax.random.fold_in(k, lax.axis_index(vary))
-            env[id(self.free[self.key])] = (jax.random.key_data(k),)
+            env[id(self.free[self.key])] = (fold_key(free[self.key], lax.axis_index(vary)),)
         with _runtime_checks.collecting(None):  # (a check's flag would leave the body)
             for node in self.order:
                 if type(node) is not DeviceData:
