@@ -21,6 +21,7 @@ import torch
 from ir_runtime._dtypes import enable_x64
 from ir_runtime._errors import UnsupportedOpError
 from ir_runtime._frontend.recording import (  # noqa: F401  (importing registers their handlers)
+    _composites,
     _dispatch,
     _dynamic,
     _factories,
