@@ -589,6 +589,61 @@ def test_data_dependent_shapes_read_one_number_and_match_eager():
         assert torch.equal(irt.to_torch(got), w)
 
 
+def _syncs():
+    return irt.metrics()["counters"].get("DataDependentSync", 0)
+
+
+def test_repeat_interleave_with_tensor_repeats_matches_eager():
+    """Tensor repeats: with ``output_size`` nothing is read; without, their sum (one read).
+    Values, dtypes and the gradient through ``dim`` are eager's; bad repeats are refused."""
+    g = torch.Generator().manual_seed(4)
+    x0 = torch.randn(4, 3, generator=g)
+    for dtype in (torch.int64, torch.int32):
+        reps = torch.tensor([2, 0, 3, 1], dtype=dtype)
+        before = _syncs()
+        got = torch.repeat_interleave(irt.to_lazy(reps), output_size=6)
+        assert _syncs() == before
+        assert torch.equal(irt.to_torch(got), torch.repeat_interleave(reps))
+        got = torch.repeat_interleave(irt.to_lazy(reps))
+        assert _syncs() == before + 1
+        assert torch.equal(irt.to_torch(got), torch.repeat_interleave(reps))
+    reps = torch.tensor([2, 0, 3, 1])
+    x, e = irt.to_lazy(x0).requires_grad_(), x0.clone().requires_grad_()
+    cot = torch.randn(6, 3, generator=g)
+    out = torch.repeat_interleave(x, irt.to_lazy(reps), dim=0, output_size=6)
+    want = torch.repeat_interleave(e, reps, dim=0)
+    torch.testing.assert_close(irt.to_torch(out), want.detach())
+    (out * irt.to_lazy(cot)).sum().backward()
+    (want * cot).sum().backward()
+    torch.testing.assert_close(irt.to_torch(x.grad), e.grad)
+    with pytest.raises(RuntimeError, match="repeats can not be negative"):
+        torch.repeat_interleave(irt.to_lazy(torch.tensor([1, -1])))
+    with pytest.raises(RuntimeError, match="Long or Int"):
+        torch.repeat_interleave(irt.to_lazy(torch.tensor([1.0, 2.0])))
+
+
+def test_bincount_reads_its_length_and_matches_eager():
+    ids = torch.tensor([0, 3, 1, 3, 3, 7])
+    for weights in (None, torch.linspace(0, 1, 6), torch.linspace(0, 1, 6).half(), ids * 2):
+        for minlength in (0, 4, 11):
+            want = torch.bincount(ids, weights, minlength)
+            before = _syncs()
+            lw = None if weights is None else irt.to_lazy(weights)
+            got = torch.bincount(irt.to_lazy(ids), lw, minlength)
+            assert _syncs() == before + 1
+            assert got.dtype == want.dtype and got.shape == want.shape
+            torch.testing.assert_close(irt.to_torch(got), want)
+    empty = torch.zeros(0, dtype=torch.int64)
+    assert torch.equal(
+        irt.to_torch(torch.bincount(irt.to_lazy(empty), minlength=3)),
+        torch.zeros(3, dtype=torch.int64),
+    )
+    with pytest.raises(RuntimeError, match="non-negative integral"):
+        torch.bincount(irt.to_lazy(torch.tensor([0, -1])))
+    with pytest.raises(RuntimeError, match="non-negative integral"):
+        torch.bincount(irt.to_lazy(torch.tensor([0.0, 1.0])))
+
+
 def test_in_place_overloads_record_the_functional_overload_of_the_same_arguments():
     """pow_.Scalar is pow.Tensor_Scalar (pow.Scalar takes its operands the other way round):
     an in-place op is recorded as the overload with its argument names and types."""

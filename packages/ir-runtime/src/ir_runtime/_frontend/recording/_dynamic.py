@@ -167,6 +167,68 @@ for _func in (
     _host_op(_func)
 
 
+def _read_ints(*scalars) -> list:
+    """0-d integer lazy tensors read to the host in one program."""
+    stacked = record(
+        aten.stack.default, ([record(aten.reshape.default, (v, [1]), {}) for v in scalars],), {}
+    )
+    return [int(v) for v in to_torch(stacked).reshape(-1).tolist()]
+
+
+@special(aten.repeat_interleave.Tensor)
+def _repeat_interleave(func, args, kwargs):
+    """``repeat_interleave(repeats)``: each index ``i`` repeated ``repeats[i]`` times, as the
+    index of the first cumulative count above each output position. Its length is
+    ``output_size`` when given (no read); else ``repeats.sum()``, read from the device."""
+    b = bound(func, args, kwargs)
+    repeats, size = b["repeats"], b.get("output_size")
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
+    if repeats.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError("repeats has to be Long or Int tensor")
+    if size is None:
+        _sync("aten::repeat_interleave")
+        total, least = _read_ints(repeats.sum(), repeats.min()) if repeats.numel() else (0, 0)
+        if least < 0:
+            raise RuntimeError("repeats can not be negative")
+        size = total
+    positions = torch.arange(int(size), device=repeats.device, dtype=repeats.dtype)
+    return torch.searchsorted(repeats.cumsum(0), positions, right=True).to(repeats.dtype)
+
+
+_BINCOUNT_DTYPES: dict = {}  # weights' dtype -> bincount's result dtype (eager's, probed)
+
+
+@special(aten.bincount.default)
+def _bincount(func, args, kwargs):
+    """``bincount``: counts (or summed weights) per value, ``max(input) + 1`` of them (at least
+    ``minlength``): the largest value is read from the device, then the sums are a scatter-add."""
+    b = bound(func, args, kwargs)
+    x, weights, minlength = b["self"], b.get("weights"), int(b.get("minlength", 0))
+    if x.dim() != 1 or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype is torch.bool:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if weights is not None and tuple(weights.shape) != tuple(x.shape):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    _sync("aten::bincount")
+    top, least = _read_ints(x.max(), x.min()) if x.numel() else (-1, 0)
+    if least < 0:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is None:
+        dtype, values = torch.int64, torch.ones_like(x, dtype=torch.int64)
+    else:
+        dtype = _BINCOUNT_DTYPES.get(weights.dtype)
+        if dtype is None:
+            probe = torch.ones(1, dtype=weights.dtype)
+            dtype = _BINCOUNT_DTYPES[weights.dtype] = torch.bincount(
+                torch.zeros(1, dtype=torch.int64), probe
+            ).dtype
+        values = weights.to(dtype)
+    out = torch.zeros(max(minlength, top + 1), dtype=dtype, device=x.device)
+    return out.index_add(0, x.to(torch.int64), values)
+
+
 # -- ops that return Python values: computed on the device, then read ---------------------------
 
 
