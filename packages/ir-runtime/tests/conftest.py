@@ -50,18 +50,27 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The OpInfo totals and the length of the known-failure list, when that suite ran."""
-    suite = sys.modules.get("test_opinfo")
-    if suite is None or not suite.OUTCOMES:
-        return
-    outcomes = suite.OUTCOMES.values()
-    values = sum(o.values == "pass" for o in outcomes)
-    with_grads = [o for o in outcomes if o.grads is not None]
-    grads = sum(o.grads == "pass" for o in with_grads)
-    failures = suite.KNOWN_FAILURES
-    terminalreporter.write_line(
-        f"OpInfo (float32, {suite.SAMPLES} samples): values {values} / {len(outcomes)}, values "
-        f"and gradients {grads} / {len(with_grads)}; known failures: {len(failures)} "
-        f"({sum(p == 'values' for p, _ in failures.values())} values, "
-        f"{sum(p == 'gradients' for p, _ in failures.values())} gradients only)"
-    )
+    """The OpInfo totals and the length of the known-failure list, for each OpInfo suite that
+    ran (float32, bfloat16, the ops that take no float32)."""
+    for module, dtype, failures in (
+        ("test_opinfo", "float32", "KNOWN_FAILURES"),
+        ("test_opinfo_bf16", "bfloat16", "KNOWN_FAILURES"),
+        ("test_opinfo_other_dtypes", "ops without float32, in their own dtype", "KNOWN_FAILURES"),
+    ):
+        suite = sys.modules.get(module)
+        if suite is None or not suite.OUTCOMES:
+            continue
+        outcomes = suite.OUTCOMES.values()
+        values = sum(o.values == "pass" for o in outcomes)
+        with_grads = [o for o in outcomes if o.grads is not None]
+        grads = sum(o.grads == "pass" for o in with_grads)
+        known = getattr(suite, failures)
+        samples = "all" if suite.SAMPLES is None else suite.SAMPLES
+        nearer = sum(bool(o.nearer) for o in outcomes)
+        terminalreporter.write_line(
+            f"OpInfo ({dtype}, {samples} samples): values {values} / {len(outcomes)}, values "
+            f"and gradients {grads} / {len(with_grads)}; known failures: {len(known)} "
+            f"({sum(p == 'values' for p, _ in known.values())} values, "
+            f"{sum(p == 'gradients' for p, _ in known.values())} gradients only)"
+            + (f"; {nearer} nearer float64 than eager where they differ" if nearer else "")
+        )

@@ -1,13 +1,23 @@
 """torch's OpInfo samples through the lazy device, against torch eager on CPU.
 
-One op is checked by running its first samples (float32) eagerly and on the lazy device, and
-comparing every output; where the op supports autograd, the input gradients too (one cotangent
-per differentiable output, the same on both sides). Ops whose results are random or
-uninitialized (``empty``, ``rand_like``, ``dropout``, ...) are compared by shape and dtype:
-two eager runs with different seeds tell which those are.
+One op is checked by running its first samples (float32, or the dtype ``check`` is given: op_db
+makes its samples in it) eagerly and on the lazy device, and comparing every output; where the
+op supports autograd, the input gradients too (one cotangent per differentiable output, the same
+on both sides). Ops whose results are random or uninitialized (``empty``, ``rand_like``,
+``dropout``, ...) are compared by shape and dtype: two eager runs with different seeds tell
+which those are.
 
 ``check(op, samples)`` returns an ``Outcome``: ``"pass"``, ``"raise"`` (the lazy device refused:
 an exception, with its message) or ``"wrong"`` (a result differs from eager: the worst kind).
+
+In half precision (``LOW_PRECISION``) eager is not always the better answer: some of its CPU
+kernels round intermediates (``cross`` rounds each product, ``addbmm`` the sum after each batch;
+the grid sampler's error is ten times a single rounding's) where the lazy device rounds once.
+There a result that differs from eager's beyond the tolerance still passes if, element by
+element, it is no farther from the exact result (the op in float64 on the same values) than
+eager's element is; ``Outcome.nearer`` names the parts that passed so (torch's reference tests
+compare a reference with the precise result in the same way).
+
 Used by ``test_opinfo.py`` and by ``bench/opinfo_coverage.py``.
 """
 
@@ -22,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 import ir_runtime as irt
 
-DTYPE = torch.float32
+DTYPE = torch.float32  # the default
 # Values: XLA's CPU kernels (transcendentals, reductions in another order) are not torch's
 # bit for bit; a wrong result is far outside these.
 RTOL, ATOL = 1e-4, 1e-5
@@ -45,6 +55,29 @@ TOLERANCES = {
 }
 
 
+# Half precision: one rounding of a bfloat16 result is up to 2**-8 of it (torch's own rtol for
+# the dtype is 1.6e-2); atol 1e-2 for results near 0 (a difference of values rounded apart).
+# Eager computes each op in float32 and rounds once, as the lazy device does; they still differ
+# where the float32 computations do (an ulp of float32 that tips a rounding of bfloat16). The
+# gradients are held to the same tolerance. float16's (11 significant bits) is provisional: no
+# suite runs op_db in float16 (``bench/opinfo_coverage.py --dtype float16`` does).
+LOW_PRECISION = {
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float16: (1e-3, 1e-3),
+}
+# Per op, in half precision: (rtol, atol), each with why.
+LOW_PRECISION_TOLERANCES: dict = {}
+
+
+def tolerances(op, dtype) -> tuple:
+    """``((rtol, atol), (rtol, atol))`` for the values and the gradients of ``op`` in ``dtype``."""
+    if dtype in LOW_PRECISION:
+        tolerance = LOW_PRECISION_TOLERANCES.get(op.name, LOW_PRECISION[dtype])
+        return tolerance, tolerance
+    rtol, atol = TOLERANCES.get(op.name, (RTOL, ATOL))
+    return (rtol, atol), (max(rtol * 10, GRAD_RTOL), max(atol * 10, GRAD_ATOL))
+
+
 # Ops that address their input's storage: a lazy tensor, like a tensor moved to any other
 # device, is its own contiguous storage, so eager runs on contiguous copies of the inputs.
 STORAGE_OPS = frozenset(("as_strided", "as_strided_copy", "as_strided_scatter"))
@@ -54,14 +87,15 @@ STORAGE_OPS = frozenset(("as_strided", "as_strided_copy", "as_strided_scatter"))
 HOST_ARGUMENTS = frozenset(("tensor_split",))
 
 
-def population():
-    """The ops checked: torch's op_db less jiterator and sparse entries, those taking float32."""
+def population(dtype=DTYPE):
+    """The ops checked: torch's op_db less jiterator and sparse entries, those taking ``dtype``
+    on the CPU."""
     return [
         op
         for op in op_db
         if not op.name.startswith("jiterator")
         and "sparse" not in op.name
-        and DTYPE in op.supported_dtypes("cpu")
+        and dtype in op.supported_dtypes("cpu")
     ]
 
 
@@ -74,6 +108,9 @@ class Outcome:
     values: str  # "pass" | "raise" | "wrong"
     grads: str | None  # the same, or None where the op has no gradient
     detail: str = ""
+    # Half precision: "values" and/or "gradients" that differ from eager's beyond the tolerance
+    # and pass by being no farther from float64's than eager's (the module's docstring).
+    nearer: tuple = ()
 
 
 def _lazy(x):
@@ -126,6 +163,56 @@ def _same(got, want, rtol, atol, what):
         elif a != b and not (a != a and b != b):  # NaN equals NaN here
             return f"{what} {k}: {a!r}, eager gives {b!r}"
     return None
+
+
+def _distance(x, exact):
+    """``|x - exact|`` elementwise, 0 where they are equal (infinities), inf where NaN."""
+    return torch.where(x == exact, 0.0, (x - exact).abs().nan_to_num(nan=float("inf")))
+
+
+def _nearer(got, want, precise, rtol, atol, what):
+    """None when every element of ``got`` (host values) is within the tolerance of ``want``'s
+    (eager's) or no farther than it from ``precise``'s (float64's), else a description."""
+    g, w, p = (tree_flatten(x)[0] for x in (got, want, precise))
+    if not len(g) == len(w) == len(p):
+        return f"{what}: {len(g)} outputs, eager gives {len(w)}, float64 {len(p)}"
+    for k, (a, b, c) in enumerate(zip(g, w, p, strict=True)):
+        problem = _same([a], [b], rtol, atol, what)
+        if problem is None:
+            continue
+        comparable = (
+            isinstance(b, torch.Tensor)
+            and b.is_floating_point()
+            and isinstance(a, torch.Tensor)
+            and isinstance(c, torch.Tensor)
+            and a.shape == b.shape == c.shape
+            and a.dtype == b.dtype
+        )
+        if not comparable:
+            return problem.replace(f"{what} 0", f"{what} {k}", 1)
+        a, b, c = a.double(), b.detach().double(), c.detach().double()
+        close = torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+        exact_nan = c.isnan()
+        ok = close | (exact_nan & a.isnan()) | (~exact_nan & (_distance(a, c) <= _distance(b, c)))
+        if not ok.all():
+            i = tuple((~ok).nonzero()[0].tolist())
+            return (
+                f"{what} {k}: {int((~ok).sum())} / {ok.numel()} elements are farther from "
+                f"float64's than eager's and outside the tolerance; at {i}: "
+                f"{a[i].item()}, eager {b[i].item()}, float64 {c[i].item()}"
+            )
+    return None
+
+
+def _in_float64(sample, dtype):
+    """The sample's arguments with its ``dtype`` tensors as float64 leaves (the same values)."""
+
+    def wide(t):
+        if isinstance(t, torch.Tensor) and t.dtype == dtype:
+            return t.detach().double().requires_grad_(t.requires_grad)
+        return t
+
+    return tree_map(wide, (sample.input, *sample.args)), tree_map(wide, sample.kwargs)
 
 
 def _same_layout(got, want, what):
@@ -184,8 +271,9 @@ def _contiguous(sample):
     return sample.transform(copy)
 
 
-def _values(op, sample, rtol, atol):
-    """(problem or None, lazy result, its lazy arguments, eager result, random?)."""
+def _values(op, sample, rtol, atol, dtype):
+    """(problem or None, nearer?, lazy result, its lazy arguments, eager result, random?);
+    nearer: the values differ from eager's and pass by being nearer float64's."""
     random = _random(op, sample)
     # What torch's own tests compare: outputs made unique where the op's are not (an
     # eigenvector's sign, a singular vector's phase: LAPACK builds may pick either).
@@ -197,16 +285,27 @@ def _values(op, sample, rtol, atol):
     got = unique(got)
     host = tree_map(_host, got)
     if random:
-        return _same_layout(host, want, "output"), got, args, kwargs, want, True
-    return _same(host, want, rtol, atol, "output"), got, args, kwargs, want, False
+        return _same_layout(host, want, "output"), False, got, args, kwargs, want, True
+    problem = _same(host, want, rtol, atol, "output")
+    if problem is None or dtype not in LOW_PRECISION:
+        return problem, False, got, args, kwargs, want, False
+    wide_args, wide_kwargs = _in_float64(sample, dtype)
+    try:
+        torch.manual_seed(0)
+        precise = unique(op(*wide_args, **wide_kwargs))
+    except Exception:  # no float64 kernel: eager is the only oracle
+        return problem, False, got, args, kwargs, want, False
+    problem = _nearer(host, want, precise, rtol, atol, "output")
+    return problem, problem is None, got, args, kwargs, want, False
 
 
-def _grads(sample, got, args, kwargs, want, rtol, atol):
-    """None when the input gradients equal eager's, else a description."""
+def _grads(op, sample, got, args, kwargs, want, rtol, atol, dtype):
+    """(None when the input gradients equal eager's, else a description; nearer?), nearer as
+    ``_values``'s."""
     outs_e = _differentiable(want)
     ins_e = _grad_inputs((sample.input, *sample.args), sample.kwargs)
     if not outs_e or not ins_e:
-        return None
+        return None, False
     gen = torch.Generator().manual_seed(1234)
     cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs_e]
     grads_e = torch.autograd.grad(outs_e, ins_e, cots, allow_unused=True)
@@ -218,20 +317,33 @@ def _grads(sample, got, args, kwargs, want, rtol, atol):
     grads_l = [None if g is None else irt.to_torch(g) for g in grads_l]
     for k, (a, b) in enumerate(zip(grads_l, grads_e, strict=True)):
         if (a is None) != (b is None):
-            return f"gradient {k}: {'None' if a is None else 'a tensor'} against eager"
+            return f"gradient {k}: {'None' if a is None else 'a tensor'} against eager", False
     pairs = [(a, b) for a, b in zip(grads_l, grads_e, strict=True) if b is not None]
-    g_rtol, g_atol = max(rtol * 10, GRAD_RTOL), max(atol * 10, GRAD_ATOL)
-    return _same([a for a, _ in pairs], [b for _, b in pairs], g_rtol, g_atol, "gradient")
+    got_g, want_g = [a for a, _ in pairs], [b for _, b in pairs]
+    problem = _same(got_g, want_g, rtol, atol, "gradient")
+    if problem is None or dtype not in LOW_PRECISION:
+        return problem, False
+    wide_args, wide_kwargs = _in_float64(sample, dtype)
+    try:
+        outs_p = _differentiable(sample.output_process_fn_grad(op(*wide_args, **wide_kwargs)))
+        ins_p = _grad_inputs(wide_args, wide_kwargs)
+        cots_p = [c.to(o.dtype) for c, o in zip(cots, outs_p, strict=True)]
+        grads_p = torch.autograd.grad(outs_p, ins_p, cots_p, allow_unused=True)
+    except Exception:  # no float64 kernel: eager is the only oracle
+        return problem, False
+    precise = [c for c, b in zip(grads_p, grads_e, strict=True) if b is not None]
+    problem = _nearer(got_g, want_g, precise, rtol, atol, "gradient")
+    return problem, problem is None
 
 
 def _failure(e) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def samples_of(op, n: int | None, requires_grad: bool):
-    """The first ``n`` samples, or all of them where ``n`` is None."""
+def samples_of(op, n: int | None, requires_grad: bool, dtype=DTYPE):
+    """The first ``n`` samples in ``dtype``, or all of them where ``n`` is None."""
     torch.manual_seed(0)
-    it = op.sample_inputs("cpu", DTYPE, requires_grad=requires_grad)
+    it = op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
     out = []
     for s in it:
         out.append(s)
@@ -240,14 +352,15 @@ def samples_of(op, n: int | None, requires_grad: bool):
     return out
 
 
-def check(op, n_samples: int | None = 3) -> Outcome:
-    """Values (and gradients, where the op has them) of the first ``n_samples`` samples (all of
-    them where ``n_samples`` is None)."""
-    with_grad = op.supports_autograd and DTYPE in op.supported_backward_dtypes("cpu")
-    rtol, atol = TOLERANCES.get(op.name, (RTOL, ATOL))
+def check(op, n_samples: int | None = 3, dtype=DTYPE) -> Outcome:
+    """Values (and gradients, where the op has them in ``dtype``) of the first ``n_samples``
+    samples in ``dtype`` (all of them where ``n_samples`` is None)."""
+    with_grad = op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
+    (rtol, atol), grad_tol = tolerances(op, dtype)
     values, grads, detail = "pass", "pass" if with_grad else None, ""
+    nearer = set()
     try:
-        samples = samples_of(op, n_samples, with_grad)
+        samples = samples_of(op, n_samples, with_grad, dtype)
     except Exception as e:  # the oracle cannot make samples: not ours to judge
         return Outcome("raise", "raise" if with_grad else None, f"samples: {e!r}"[:300])
     for sample in samples:
@@ -256,7 +369,7 @@ def check(op, n_samples: int | None = 3) -> Outcome:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                v, got, args, kwargs, want, random = _values(op, sample, rtol, atol)
+                v, near, got, args, kwargs, want, random = _values(op, sample, rtol, atol, dtype)
             except Exception as e:
                 if values == "pass":
                     values, detail = "raise", _failure(e)
@@ -264,15 +377,19 @@ def check(op, n_samples: int | None = 3) -> Outcome:
             if v is not None:
                 values, detail = "wrong", v
                 continue
+            if near:
+                nearer.add("values")
             if not with_grad or random or grads != "pass":
                 continue
             try:
-                g = _grads(sample, got, args, kwargs, want, rtol, atol)
+                g, near = _grads(op, sample, got, args, kwargs, want, *grad_tol, dtype)
             except Exception as e:
                 grads, detail = "raise", "gradient: " + _failure(e)
                 continue
             if g is not None:
                 grads, detail = "wrong", g
+            elif near:
+                nearer.add("gradients")
     if with_grad and values != "pass":
         grads = values if grads == "pass" else grads
-    return Outcome(values, grads, detail)
+    return Outcome(values, grads, detail, tuple(sorted(nearer, reverse=True)))

@@ -6,6 +6,8 @@ match, its backward raises). This list only shrinks (``test_opinfo.py``).
 ``ALL_SAMPLES_FAILURES``: the same, for ops whose first three samples pass and a later one does
 not; counted only when every sample runs (``IR_RUNTIME_OPINFO_SAMPLES=all``, ``nox -s
 opinfo_all``).
+
+``BFLOAT16_FAILURES``: the same, in bfloat16 (``test_opinfo_bf16.py``).
 """
 
 KNOWN_FAILURES = {
@@ -30,4 +32,26 @@ KNOWN_FAILURES = {
     ),
 }
 
-ALL_SAMPLES_FAILURES: dict = {}
+_LSTSQ_TALL = (
+    "values",
+    "a later sample asks driver='gelss' of a tall matrix: its residuals are empty or not "
+    "depending on the rank the values have (a shape from values, which the rule refuses by "
+    "name, pointing at 'gels' and 'gelsy'); the first samples' drivers pass",
+)
+ALL_SAMPLES_FAILURES: dict = {
+    "linalg.lstsq": _LSTSQ_TALL,
+    "linalg.lstsq.grad_oriented": _LSTSQ_TALL,
+}
+
+# bfloat16 (``test_opinfo_bf16.py``): the same form, for the ops that fail in bfloat16. Values
+# that differ from eager's only where eager rounds intermediates are not failures (``opinfo``'s
+# docstring: they pass by being nearer float64's result than eager's).
+BFLOAT16_FAILURES = {
+    "chalf": KNOWN_FAILURES["chalf"],
+    "nn.functional.linear_cross_entropy.chunked": KNOWN_FAILURES[
+        "nn.functional.linear_cross_entropy.chunked"
+    ],
+    "nn.functional.linear_cross_entropy.chunked_none": KNOWN_FAILURES[
+        "nn.functional.linear_cross_entropy.chunked_none"
+    ],
+}

@@ -4,32 +4,61 @@ from __future__ import annotations
 
 import jax
 
-from ir_core import DeviceData, post_order
+from ir_core import DeviceData, Shape, post_order
 from ir_runtime import _metrics, _profile, _runtime_checks
-from ir_runtime._dtypes import enable_x64, name_of
+from ir_runtime._dtypes import enable_x64, name_of, to_numpy_dtype
 from ir_runtime._errors import LoweringError, RuntimeIRError
 from ir_runtime._graph import Graph
 from ir_runtime._jaxapi import one_frame_locations, recorded_at
-from ir_runtime._lowering._registry import OPERANDS, rule_for
+from ir_runtime._lowering._registry import (
+    HALF,
+    HALF_NAMES,
+    NATIVE,
+    ONCE,
+    OPERANDS,
+    ROUNDING,
+    WIDE,
+    rule_for,
+)
 from ir_runtime._placement import spec_at
 from ir_runtime._rewrite import rewrite
 
 
 class _Lifted:
-    """A node seen by its rule with lifted scalars back in its attributes, as traced values."""
+    """A node as its rule sees it: lifted scalars back in its attributes, as traced values;
+    ``shapes``: the node's, or with half precision read as float32 (``_widened``)."""
 
     __slots__ = ("attrs", "op", "origin", "shapes")
 
-    def __init__(self, node, attrs):
+    def __init__(self, node, attrs, shapes=None):
         self.op = node.op
         self.origin = node.origin
-        self.shapes = node.shapes
+        self.shapes = node.shapes if shapes is None else shapes
         self.attrs = attrs
+
+
+def _widened(n, view, operands):
+    """(view, operands) for ``n``'s rule under its rounding mode (``_registry``'s ``ONCE``):
+    where an operand or output is half precision and the mode is not NATIVE, a view whose
+    half-precision outputs read float32 and, for ONCE, the operands widened to float32. One
+    rounding per op, as eager: the rule computes in float32, ``lower_node`` rounds its
+    results to the recorded dtypes."""
+    mode = ROUNDING.get(n.op, NATIVE)
+    if mode == NATIVE or not (
+        any(s.dtype in HALF_NAMES for s in n.shapes) or any(o.dtype in HALF for o in operands)
+    ):
+        return view, operands
+    shapes = tuple(Shape("float32", s.dims) if s.dtype in HALF_NAMES else s for s in n.shapes)
+    if mode == ONCE:
+        operands = [o.astype(WIDE) if o.dtype in HALF else o for o in operands]
+    return _Lifted(n, view.attrs, shapes), operands
 
 
 def lower_node(n, operands, program):
     """The traced outputs of node ``n`` from its operands' traced values, by its rule; each
-    output checked against the node's shapes and constrained to the node's sharding."""
+    output checked against the node's shapes and constrained to the node's sharding. Where
+    ``n`` computes in half precision, its rule computes in float32 and the results are rounded
+    once (``_widened``)."""
     rule = rule_for(n.op)
     lifted = n.attrs.get("__lifted__")
     view = n
@@ -39,6 +68,7 @@ def lower_node(n, operands, program):
         attrs.update(zip(lifted, operands[-k:], strict=True))
         operands = operands[:-k]
         view = _Lifted(n, attrs)
+    view, operands = _widened(n, view, operands)
     split = OPERANDS.get(n.op)
     if split is not None:
         operands = split.split(view.attrs, operands)
@@ -64,6 +94,11 @@ def lower_node(n, operands, program):
         raise LoweringError(
             f"the rule for {n.op!r} gave {len(outs)} output(s), the node has {len(n.shapes)}"
         )
+    if view.shapes is not n.shapes:  # rounded once, to the dtypes recorded
+        outs = [
+            o.astype(to_numpy_dtype(s.dtype)) if s.dtype in HALF_NAMES and o.dtype == WIDE else o
+            for o, s in zip(outs, n.shapes, strict=False)
+        ]
     checked = []
     for k, (o, s) in enumerate(zip(outs, n.shapes, strict=True)):
         if tuple(o.shape) != s.dims or name_of(o.dtype) != s.dtype:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 from jax import lax
 
 from ir_runtime import _schema
@@ -18,15 +20,50 @@ OPERANDS: dict[str, _schema.Operands] = {}
 # decomposed or refused is recorded from now on.
 ON_CHANGE: list[Callable[[], None]] = []
 
+# -- half precision: one rounding per op, as eager -------------------------------------------
+#
+# torch's CPU kernels compute a bfloat16 or float16 op in float32 and round its result once:
+# a reduction accumulates in float32, addmm adds its bias to the float32 product, layer norm,
+# softmax, sigmoid, silu and gelu run in float32 throughout. A rule is written once, for any
+# dtype; where a node has a half-precision operand or output, ``_lower.lower_node`` applies
+# the rule's rounding mode:
+#
+# ONCE (an ATen rule's default): the rule gets its half-precision operands widened to float32
+#   and a node whose half-precision outputs read float32 (``out_dtype``), so every intermediate
+#   it computes is float32; its results are rounded to the recorded dtypes once, at the end.
+# ACCUMULATE (dot products, convolutions): the operands stay half precision (what matrix units
+#   take), the outputs read float32: the rule asks for ``preferred_element_type`` float32 and
+#   computes its epilogue (bias, alpha, beta) in float32, rounded once.
+# NATIVE (an ``ir::`` rule's default): the rule sees the node as recorded. For rules with no
+#   arithmetic to widen (data movement, indexing, sorting, comparisons, selection: widening
+#   would only add converts), for the runtime's own ops (random bits are drawn per dtype), and
+#   for rules that compute as torch does in half precision themselves (``histc`` rounds after
+#   every operation as c10::BFloat16 arithmetic does; cumulative ops pick torch's accumulator).
+#
+# The widening and the rounding are converts that XLA fuses into the rule's computation; where
+# a ONCE rule only moves data (index_put without accumulate), XLA's simplifier drops a
+# widening convert that meets its narrowing one (across a reshape, the program is a copy).
+ONCE, ACCUMULATE, NATIVE = "once", "accumulate", "native"
+ROUNDING: dict[str, str] = {}
+HALF = frozenset((np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)))
+HALF_NAMES = frozenset(("float16", "bfloat16"))
+WIDE = np.dtype(np.float32)
 
-def register(*ops: str):
+
+def register(*ops: str, rounding: str | None = None):
     """Register the decorated function as the lowering of each op in ``ops``.
 
     An ATen op is named as the front end records it, ``aten::name.overload`` (``.default``
     for the overload without a name), and its rule is called as ``rule(node, *tensors)``: one
     argument per tensor argument of the schema, in order; None for an optional tensor that was
     None; a tuple for a list of tensors. Other ops (``ir::...``) get their operands as they are.
+
+    ``rounding``: how the rule meets bfloat16 and float16 (the comment above ``ONCE``): ONCE,
+    ACCUMULATE or NATIVE; None: ONCE for an ATen op (the rule computes in float32 and its
+    results are rounded once, as eager's kernels do), NATIVE for an ``ir::`` op.
     """
+    if rounding not in (None, ONCE, ACCUMULATE, NATIVE):
+        raise ValueError(f"rounding must be ONCE, ACCUMULATE or NATIVE, not {rounding!r}")
 
     def add(fn):
         for op in ops:
@@ -40,6 +77,7 @@ def register(*ops: str):
                 )
         for op in ops:
             RULES[op] = fn
+            ROUNDING[op] = rounding or (ONCE if op.startswith("aten::") else NATIVE)
             found = _schema.overload(op)
             if found is not None:
                 OPERANDS[op] = _schema.Operands(found._schema)
@@ -50,12 +88,23 @@ def register(*ops: str):
     return add
 
 
+def family(rounding: str) -> Callable:
+    """``register`` for a family of rules that share a rounding mode (``shape``'s are NATIVE);
+    a rule of it may still name another."""
+
+    def register_in_family(*ops: str, rounding: str = rounding):
+        return register(*ops, rounding=rounding)
+
+    return register_in_family
+
+
 def unregister(op: str) -> None:
     """Remove the rule of ``op`` (a rule a user or a test registered); ops routed through it are
     routed afresh."""
     if op not in RULES:
         raise KeyError(f"{op!r} has no lowering rule to remove")
     del RULES[op]
+    ROUNDING.pop(op, None)
     OPERANDS.pop(op, None)
     for hook in ON_CHANGE:
         hook()

@@ -9,7 +9,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ir_runtime._lowering._registry import cast, existing, out_dtype, register, scalar
+from ir_runtime._lowering._registry import NATIVE, cast, existing, family, out_dtype, scalar
+
+# Half precision: NATIVE (``_registry``): this family compares, casts and selects in the
+# recorded dtypes (a Python scalar compared with a bfloat16 tensor is rounded to bfloat16, as
+# eager does).
+register = family(NATIVE)
+
 
 # -- comparisons and logic -----------------------------------------------------------------
 

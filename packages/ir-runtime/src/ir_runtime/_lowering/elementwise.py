@@ -12,7 +12,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from ir_runtime import _runtime_checks
-from ir_runtime._lowering._registry import cast, existing, out_dims, out_dtype, register, scalar
+from ir_runtime._lowering._registry import (
+    NATIVE,
+    cast,
+    existing,
+    out_dims,
+    out_dtype,
+    register,
+    scalar,
+)
 
 
 def _is_one(v) -> bool:
@@ -68,6 +76,50 @@ for _name, _fn in _BINARY.items():
     _tt, _ts = _binary(_fn, _name in ("add", "sub"), _name in _DIVIDING)
     register(*existing(f"aten::{_name}.Tensor", f"aten::{_name}.default"))(_tt)
     register(*existing(f"aten::{_name}.Scalar"))(_ts)
+
+
+# -- integer-only arithmetic: gcd, lcm and shifts (NATIVE: integers have no rounding) ----------
+
+
+def _shift(left: bool):
+    """torch's shifts: a count below 0 or at least the width gives 0 (left) or the sign
+    (right: arithmetic for signed integers, logical for unsigned), as XLA's shifts do for a
+    count read as unsigned."""
+    op = jnp.left_shift if left else jnp.right_shift
+
+    def shift(x, y, dt):
+        return op(cast(x, dt), cast(y, dt))
+
+    return shift
+
+
+for _name, _fn in (
+    ("gcd", lambda x, y, dt: jnp.gcd(cast(x, dt), cast(y, dt))),
+    ("lcm", lambda x, y, dt: jnp.lcm(cast(x, dt), cast(y, dt))),
+    ("bitwise_left_shift", _shift(True)),
+    ("bitwise_right_shift", _shift(False)),
+    ("__lshift__", _shift(True)),
+    ("__rshift__", _shift(False)),
+):
+
+    def _tensors(node, x, y, fn=_fn):
+        return fn(x, y, out_dtype(node))
+
+    def _tensor_scalar(node, x, fn=_fn):
+        dt = out_dtype(node)
+        return fn(x, scalar(node.attrs["other"], dt), dt)
+
+    def _scalar_tensor(node, y, fn=_fn):
+        dt = out_dtype(node)
+        return fn(scalar(node.attrs["self"], dt), y, dt)
+
+    register(*existing(f"aten::{_name}.default", f"aten::{_name}.Tensor"), rounding=NATIVE)(
+        _tensors
+    )
+    register(*existing(f"aten::{_name}.Tensor_Scalar", f"aten::{_name}.Scalar"), rounding=NATIVE)(
+        _tensor_scalar
+    )
+    register(*existing(f"aten::{_name}.Scalar_Tensor"), rounding=NATIVE)(_scalar_tensor)
 
 
 @register("aten::pow.Tensor_Tensor")
@@ -249,7 +301,7 @@ def _clamp_tensor(node, x, lo, hi):
     return _clamped(node, x, lo, hi, cast)
 
 
-@register("aten::nan_to_num.default")
+@register("aten::nan_to_num.default", rounding=NATIVE)  # its default bounds are the dtype's
 def _nan_to_num(node, x):
     a = node.attrs
     nan = a["nan"]

@@ -11,7 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ir_runtime import _runtime_checks
-from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
+from ir_runtime._lowering._registry import NATIVE, ONCE, family, norm_dim, out_dims, out_dtype
+
+# Half precision (``_registry``): NATIVE, this family moves data by index; the rules that add or
+# multiply into their positions (scatter's reductions, index_add, index_reduce, index_put and put
+# with accumulate, embedding's backward) are ONCE: they accumulate in float32 and round once.
+# Eager does so in scatter_add and scatter_reduce, and in index_add along dim 0 of a matrix;
+# elsewhere (index_put, put, index_reduce, embedding's backward, a vector's index_add) its loops
+# round after every addition, in their order: ONCE is nearer the exact sum than that, and
+# does not depend on the order XLA's scatter adds in.
+register = family(NATIVE)
 
 
 def _check(node, x, index, dim: int, negative: bool = False):
@@ -92,6 +101,8 @@ def _scatter_rule(mode):
     reduce = {None: None, "add": "sum", "multiply": "prod"}
 
     def rule(node, x, index, src=None):
+        if index.size == 0:  # nothing to write (an empty index may have other dims)
+            return x
         if x.ndim == 0:
             x, index = x.reshape(1), index.reshape(1)
             src = None if src is None else src.reshape(1)
@@ -112,11 +123,15 @@ def _scatter_rule(mode):
 
 
 register("aten::scatter.src", "aten::scatter.value")(_scatter_rule(None))
-register("aten::scatter.reduce", "aten::scatter.value_reduce")(_scatter_rule("reduce"))
+register("aten::scatter.reduce", "aten::scatter.value_reduce", rounding=ONCE)(
+    _scatter_rule("reduce")
+)
 
 
-@register("aten::scatter_add.default")
+@register("aten::scatter_add.default", rounding=ONCE)
 def _scatter_add(node, x, index, src):
+    if index.size == 0:  # (gather's backward of an empty index of other dims)
+        return x
     dim = norm_dim(node.attrs["dim"], x.ndim)
     _check(node, x, index, dim)
     if x.ndim == 0:
@@ -124,8 +139,10 @@ def _scatter_add(node, x, index, src):
     return x.at[_grids(index, dim)].add(_source(src, index, x.dtype))
 
 
-@register("aten::scatter_reduce.two")
+@register("aten::scatter_reduce.two", rounding=ONCE)
 def _scatter_reduce(node, x, index, src):
+    if index.size == 0:
+        return x
     a = node.attrs
     dim = norm_dim(a["dim"], x.ndim)
     _check(node, x, index, dim)
@@ -163,7 +180,7 @@ def _index_source(source, x, dim):
     return source.reshape((*x.shape[:dim], -1, *x.shape[dim + 1 :])).astype(x.dtype)
 
 
-@register("aten::index_add.default")
+@register("aten::index_add.default", rounding=ONCE)
 def _index_add(node, x, index, source):
     dim, where = _index_args(node, x, index)
     if x.ndim == 0:
@@ -195,7 +212,7 @@ def _index_fill_tensor(node, x, index, value):
     return x.at[where].set(value.astype(x.dtype))
 
 
-@register("aten::index_reduce.default")
+@register("aten::index_reduce.default", rounding=ONCE)
 def _index_reduce(node, x, index, source):
     a = node.attrs
     dim, where = _index_args(node, x, index)
@@ -230,6 +247,7 @@ def _index(node, x, indices):
     "aten::index_put.default",
     "aten::_index_put_impl.default",
     "aten::_unsafe_index_put.default",
+    rounding=ONCE,
 )
 def _index_put(node, x, indices, values):
     where = x.at[_indices(node, x, indices)]
@@ -243,7 +261,7 @@ def _take(node, x, index):
     return x.reshape(-1)[index]
 
 
-@register("aten::put.default")
+@register("aten::put.default", rounding=ONCE)
 def _put(node, x, index, source):
     _runtime_checks.in_range(node, index, -x.size, x.size)
     flat = x.reshape(-1)
@@ -286,6 +304,8 @@ def _nonzero_static(node, x):
     size = node.attrs["size"]
     if x.ndim == 0:  # positions of a 0-d tensor have no coordinates
         return jnp.zeros(out_dims(node), out_dtype(node))
+    if x.size == 0:  # (jnp.nonzero pads an empty array with 0, not fill_value)
+        return jnp.full(out_dims(node), node.attrs["fill_value"], out_dtype(node))
     found = jnp.nonzero(x, size=size, fill_value=node.attrs["fill_value"])
     return jnp.stack(found, axis=1).astype(out_dtype(node)).reshape(out_dims(node))
 
@@ -308,7 +328,7 @@ def _embedding_renorm(node, weight, indices):
     return jnp.where((named & (norm > max_norm))[:, None], weight * scale[:, None], weight)
 
 
-@register("aten::embedding_dense_backward.default")
+@register("aten::embedding_dense_backward.default", rounding=ONCE)
 def _embedding_backward(node, grad, indices):
     n = node.attrs["num_weights"]
     pad = node.attrs["padding_idx"]

@@ -1,4 +1,9 @@
-"""Matrix products and convolution (forward and backward)."""
+"""Matrix products and convolution (forward and backward).
+
+Half precision (``_registry``'s ACCUMULATE): the operands stay bfloat16 or float16 and the node's
+outputs read float32, so a product accumulates in float32 (``preferred_element_type``) and its
+epilogue (alpha, beta, the bias) is float32 too; ``lower_node`` rounds the result once, as
+eager's kernels do."""
 
 from __future__ import annotations
 
@@ -6,7 +11,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering._registry import out_dtype, register, scalar
+from ir_runtime._lowering._registry import ACCUMULATE, cast, family, out_dtype, scalar
+
+register = family(ACCUMULATE)
 
 # Accumulate in full float32 on every backend; XLA's default may use lower precision on GPU/TPU.
 _PRECISION = lax.Precision.HIGHEST
@@ -14,26 +21,36 @@ _PRECISION = lax.Precision.HIGHEST
 
 @register("aten::mm.default", "aten::bmm.default", "aten::matmul.default")
 def _matmul(node, x, y):
-    return jnp.matmul(x, y, precision=_PRECISION).astype(out_dtype(node))
+    dt = out_dtype(node)
+    return jnp.matmul(x, y, precision=_PRECISION, preferred_element_type=dt).astype(dt)
 
 
 @register("aten::dot.default")
 def _dot(node, x, y):
-    return jnp.dot(x, y, precision=_PRECISION)
+    dt = out_dtype(node)
+    return jnp.dot(x, y, precision=_PRECISION, preferred_element_type=dt).astype(dt)
 
 
 @register("aten::addmm.default")
 def _addmm(node, bias, x, y):
     dt = out_dtype(node)
     beta, alpha = node.attrs["beta"], node.attrs["alpha"]
-    prod = jnp.matmul(x, y, precision=_PRECISION)
+    prod = jnp.matmul(x, y, precision=_PRECISION, preferred_element_type=dt)
+    return _epilogue(prod, bias, alpha, beta, dt)
+
+
+def _epilogue(prod, bias, alpha, beta, dt):
+    """``beta * bias + alpha * prod`` in ``dt`` (the product's accumulator: float32 for half
+    precision operands)."""
+    prod = cast(prod, dt)
     if not _constant(alpha, 1):
         prod = prod * scalar(alpha, dt)
     if _constant(beta, 0):
-        return prod.astype(dt)  # torch ignores the bias then, NaNs included
+        return prod  # torch ignores the bias then, NaNs included
+    bias = cast(bias, dt)
     if not _constant(beta, 1):
         bias = bias * scalar(beta, dt)
-    return (bias + prod).astype(dt)
+    return bias + prod
 
 
 def _constant(v, c) -> bool:
@@ -50,14 +67,8 @@ def _addbmm(node, bias, x, y):
     """``beta * bias + alpha * sum_b x[b] @ y[b]``: one contraction over batch and inner dim."""
     dt = out_dtype(node)
     beta, alpha = node.attrs["beta"], node.attrs["alpha"]
-    prod = jnp.einsum("bij,bjk->ik", x, y, precision=_PRECISION)
-    if not _constant(alpha, 1):
-        prod = prod * scalar(alpha, dt)
-    if _constant(beta, 0):
-        return prod.astype(dt)
-    if not _constant(beta, 1):
-        bias = bias * scalar(beta, dt)
-    return (bias + prod).astype(dt)
+    prod = jnp.einsum("bij,bjk->ik", x, y, precision=_PRECISION, preferred_element_type=dt)
+    return _epilogue(prod, bias, alpha, beta, dt)
 
 
 def _per_dim(values, n: int) -> tuple:
@@ -65,8 +76,9 @@ def _per_dim(values, n: int) -> tuple:
     return tuple(values) * n if len(values) == 1 else tuple(values)
 
 
-def _conv(x, w, attrs):
-    """torch's convolution (NC[spatial] input, OI[spatial] weight) through lax."""
+def _conv(x, w, attrs, dt=None):
+    """torch's convolution (NC[spatial] input, OI[spatial] weight) through lax, accumulated in
+    ``dt`` (None: the operands' dtype)."""
     n = x.ndim - 2
     stride, padding, dilation = (_per_dim(attrs[k], n) for k in ("stride", "padding", "dilation"))
     groups = attrs["groups"]
@@ -100,6 +112,7 @@ def _conv(x, w, attrs):
             dimension_numbers=dn,
             feature_group_count=groups,
             precision=_PRECISION,
+            preferred_element_type=dt,
         )
     return lax.conv_general_dilated(
         x,
@@ -110,15 +123,17 @@ def _conv(x, w, attrs):
         dimension_numbers=dn,
         feature_group_count=groups,
         precision=_PRECISION,
+        preferred_element_type=dt,
     )
 
 
 @register("aten::convolution.default")
 def _convolution(node, x, w, bias):
-    out = _conv(x, w, node.attrs)
+    dt = out_dtype(node)
+    out = cast(_conv(x, w, node.attrs, dt), dt)
     if bias is not None:
-        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
-    return out.astype(out_dtype(node))
+        out = out + cast(bias, dt).reshape((1, -1) + (1,) * (out.ndim - 2))
+    return out
 
 
 @register("aten::convolution_backward.default")
@@ -126,15 +141,16 @@ def _convolution_backward(node, grad, x, w):
     """Gradients of input, weight and bias, each where ``output_mask`` asks for it; through
     jax.vjp of the forward rule, so forward and backward always agree."""
     mask = node.attrs["output_mask"]
-    _, vjp = jax.vjp(lambda a, b: _conv(a, b, node.attrs), x, w)
-    gx, gw = vjp(grad)
+    dt = out_dtype(node)  # the accumulator: float32 for half precision operands
+    _, vjp = jax.vjp(lambda a, b: _conv(a, b, node.attrs, dt), x, w)
+    gx, gw = vjp(cast(grad, dt))
     outs = []
     k = 0
     for want, value in zip(mask, (gx, gw, None), strict=True):
         if not want:
             continue
         if value is None:
-            value = jnp.sum(grad, axis=(0, *range(2, grad.ndim)))
+            value = jnp.sum(cast(grad, dt), axis=(0, *range(2, grad.ndim)))
         outs.append(value.astype(out_dtype(node, k)))
         k += 1
     return tuple(outs)

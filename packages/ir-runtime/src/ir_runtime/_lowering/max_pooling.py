@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import out_dtype, register
+from ir_runtime._lowering._registry import NATIVE, family, out_dtype
 from ir_runtime._lowering.pooling import (
     _acc,
     _geometry,
@@ -25,6 +25,11 @@ from ir_runtime._lowering.pooling import (
     check_out,
     padding_for,
 )
+
+# Half precision: NATIVE (``_registry``): this family selects, computes the fractional windows'
+# starts in the samples' dtype as torch does, and its backward op accumulates in torch's
+# accumulator itself (``_acc``).
+register = family(NATIVE)
 
 # -- windows and their max -------------------------------------------------------------------------
 

@@ -7,7 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ir_runtime._lowering._registry import norm_dim, norm_dims, out_dims, out_dtype, register
+from ir_runtime._lowering._registry import (
+    NATIVE,
+    norm_dim,
+    norm_dims,
+    out_dims,
+    out_dtype,
+    register,
+)
 
 
 def _dims(node, x):
@@ -176,7 +183,7 @@ def _accumulator(dt):
     return dt
 
 
-@register("aten::cumsum.default")
+@register("aten::cumsum.default", rounding=NATIVE)  # it picks torch's accumulator itself
 def _cumsum(node, x):
     dt = out_dtype(node)
     if x.ndim == 0:

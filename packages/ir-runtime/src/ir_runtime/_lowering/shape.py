@@ -7,7 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
+from ir_runtime._lowering._registry import NATIVE, family, norm_dim, out_dims, out_dtype
+
+# Half precision: NATIVE (``_registry``): this family moves and builds data: nothing to compute
+# in float32 (arange and linspace compute in float64 themselves).
+register = family(NATIVE)
 
 
 @register(
@@ -31,6 +35,8 @@ def _permute(node, x):
 
 @register("aten::transpose.int")
 def _transpose(node, x):
+    if x.ndim == 0:  # torch takes dims 0 and -1 of a 0-d tensor: itself
+        return x
     return jnp.swapaxes(x, node.attrs["dim0"], node.attrs["dim1"])
 
 
@@ -85,6 +91,8 @@ def _select_scatter(node, x, src):
 def _cat(node, xs):
     dt = out_dtype(node)
     xs = [x.astype(dt) for x in xs if x.size or x.ndim != 1]  # torch skips empty 1-D tensors
+    if not xs:  # every one of them was skipped
+        return jnp.zeros(out_dims(node), dt)
     return jnp.concatenate(xs, axis=norm_dim(node.attrs["dim"], len(out_dims(node))))
 
 

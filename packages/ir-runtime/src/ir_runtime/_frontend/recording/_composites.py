@@ -6,7 +6,9 @@ the ops they are made of (each a formula of torch's own CPU kernel, tested again
 - ``_pack_padded_sequence``: ``pack_padded_sequence``'s packing. Its lengths are a CPU tensor
   (torch requires it), so the packed shape is known without reading the device; the
   ``batch_sizes`` it returns stay on the CPU, as ``PackedSequence`` requires. Its backward and
-  ``_pad_packed_sequence`` have torch decompositions.
+  ``_pad_packed_sequence`` have torch decompositions;
+- ``copy``: the functional ``copy_`` (``linspace``/``logspace`` with tensor ends record it):
+  ``src`` in ``self``'s dtype, broadcast to its shape.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import itertools
 
 import torch
 
+from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._dispatch import special
+from ir_runtime._frontend.recording._tensor import LazyTensor
 
 aten = torch.ops.aten
 
@@ -70,3 +74,12 @@ def _pack_padded_sequence(func, args, kwargs):
     sizes = [sum(1 for n in lengths if n > t) for t in range(steps)]
     data = torch.cat([x[t, :b] for t, b in enumerate(sizes)])
     return data, torch.tensor(sizes, dtype=torch.int64)
+
+
+@special(aten.copy.default)
+def _copy(func, args, kwargs):
+    values = dict(zip(("self", "src", "non_blocking"), args, strict=False), **kwargs)
+    x, src = values["self"], values["src"]
+    if not isinstance(src, LazyTensor):
+        src = to_lazy(torch.as_tensor(src))
+    return aten.expand_copy.default(src.to(x.dtype), list(x.shape))

@@ -43,6 +43,11 @@ from ir_runtime._placement import ON_SECOND_ORDER, ORDERS
 aten = torch.ops.aten
 # torch's core ATen decompositions first, then its wider table (mse_loss and friends).
 _DECOMPOSITIONS = {**decomposition_table, **core_aten_decompositions()}
+# The cast torch's reference decompositions compute a half-precision op in float32 with
+# (renorm's): a copy in the other dtype.
+_DECOMPOSITIONS[torch.ops.prims.convert_element_type.default] = lambda x, dtype: (
+    aten._to_copy.default(x, dtype=dtype)
+)
 
 
 _FUNCTIONAL: dict = {}  # OpOverload -> its functional overload (finite: ATen's ops)

@@ -109,7 +109,7 @@ def _native_batch_norm_legit(func, args, kwargs):
         out = record(
             aten._native_batch_norm_legit_no_training.default, (*args[:5], momentum, eps), {}
         )
-        empty = record(aten.new_zeros.default, (x, [0]), {})
+        empty = record(aten.new_zeros.default, (x, [0]), {"dtype": out[1].dtype})
         return out[0], empty, wrap(empty._ir)
     if running_mean is None:
         return record(func, args, kwargs)

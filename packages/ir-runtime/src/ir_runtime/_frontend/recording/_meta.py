@@ -58,7 +58,35 @@ def _lstsq(a, b, rcond=None, *, driver=None):
     )
 
 
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _statistics(func, params, stats, running=()):
+    """A normalization's outputs as the CPU kernel gives them in half precision: its meta
+    kernel makes the saved statistics (outputs ``stats``) float32 (or, for group norm, the
+    input's dtype) whatever the parameters; the CPU kernel makes them the input's dtype, or
+    the parameters' where a half-precision input has float32 parameters (its "mixed type").
+    ``params``: the arguments that are parameters; ``running``: pairs (output, argument) of
+    updated running statistics, in that argument's dtype."""
+
+    def shapes(x, *args, **kwargs):
+        out = func(x, *args, **kwargs)
+        if x.dtype not in _HALF:
+            return out
+        given = [args[k - 1] for k in params if k <= len(args) and args[k - 1] is not None]
+        dtype = next((p.dtype for p in given if p.dtype != x.dtype), x.dtype)
+        out = list(out)
+        for k in stats:
+            out[k] = out[k].to(dtype)
+        for k, a in running:
+            out[k] = out[k].to(args[a - 1].dtype)
+        return tuple(out)
+
+    return shapes
+
+
 _aten = torch.ops.aten
+_BATCH_NORMS = (_aten.native_batch_norm.default, _aten._native_batch_norm_legit.default)
 # Output shapes (as meta tensors) of the ATen ops torch has no meta kernel for, or whose meta
 # kernel disagrees with the CPU kernel; the rest come from torch's meta kernels.
 _NO_META = {
@@ -92,6 +120,18 @@ _NO_META = {
             tuple(b.numel() - 1 for b in bins)
         )
     ),
+    _aten.native_layer_norm.default: _statistics(_aten.native_layer_norm.default, (2, 3), (1, 2)),
+    **{f: _statistics(f, (1, 2, 3, 4), (1, 2)) for f in _BATCH_NORMS},
+    _aten._native_batch_norm_legit.no_stats: _statistics(
+        _aten._native_batch_norm_legit.no_stats, (1, 2), (1, 2)
+    ),
+    _aten._native_batch_norm_legit_functional.default: _statistics(
+        _aten._native_batch_norm_legit_functional.default, (1, 2, 3, 4), (1, 2), ((3, 3), (4, 4))
+    ),
+    _aten._native_batch_norm_legit_no_training.default: _statistics(
+        _aten._native_batch_norm_legit_no_training.default, (1, 2, 3, 4), (1, 2)
+    ),
+    _aten.native_group_norm.default: _statistics(_aten.native_group_norm.default, (1, 2), (1, 2)),
     _aten.multi_margin_loss.default: _margin_loss(_aten.multi_margin_loss.default),
     _aten.multilabel_margin_loss_forward.default: _margin_loss(
         _aten.multilabel_margin_loss_forward.default

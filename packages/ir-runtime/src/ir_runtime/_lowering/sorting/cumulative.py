@@ -7,8 +7,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering._registry import norm_dim, out_dtype, register
+from ir_runtime._lowering._registry import NATIVE, family, norm_dim, out_dtype
 from ir_runtime._lowering.sorting._common import _key, check_real, take
+
+# Half precision: NATIVE (``_registry``): this family accumulates in torch's accumulator type
+# itself (``_acc``); cummax and cummin select.
+register = family(NATIVE)
+
 
 # --------------------------------------------------------------------------------------------
 # cummax, cummin

@@ -9,8 +9,13 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering._registry import ieee_div, out_dtype, register
+from ir_runtime._lowering._registry import NATIVE, family, ieee_div, out_dtype
 from ir_runtime._lowering.sorting._common import is_float
+
+# Half precision: NATIVE (``_registry``): this family rounds after every operation itself, as
+# torch's c10::BFloat16 and c10::Half arithmetic does (``_arith``).
+register = family(NATIVE)
+
 
 _HALF = (jnp.float16, jnp.bfloat16)
 

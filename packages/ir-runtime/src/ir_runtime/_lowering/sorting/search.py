@@ -8,8 +8,11 @@ import jax.numpy as jnp
 import torch
 
 from ir_runtime._dtypes import name_of, to_numpy_dtype
-from ir_runtime._lowering._registry import out_dtype, register
+from ir_runtime._lowering._registry import NATIVE, family, out_dtype
 from ir_runtime._lowering.sorting._common import take
+
+# Half precision: NATIVE (``_registry``): this family compares: nothing to compute in float32.
+register = family(NATIVE)
 
 
 def _torch_dtype(dtype):

@@ -10,7 +10,7 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering._registry import norm_dim, out_dims, out_dtype, register
+from ir_runtime._lowering._registry import NATIVE, family, norm_dim, out_dims, out_dtype
 from ir_runtime._lowering.sorting._common import (
     I32,
     _key,
@@ -24,6 +24,10 @@ from ir_runtime._lowering.sorting._common import (
     to_rows,
 )
 from ir_runtime._lowering.sorting._machine import Machine, _gt, cdiv2, iota_rows, lt
+
+# Half precision: NATIVE (``_registry``): this family sorts and selects: nothing to compute in
+# float32.
+register = family(NATIVE)
 
 # --------------------------------------------------------------------------------------------
 # sort, argsort (torch decomposes it to sort.stable), msort

@@ -8,7 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._lowering._registry import cast, ieee_div, out_dims, out_dtype, register
+from ir_runtime._lowering._registry import (
+    NATIVE,
+    cast,
+    ieee_div,
+    out_dims,
+    out_dtype,
+    register,
+)
 from ir_runtime._lowering.special._common import work
 
 _BITS = {
@@ -19,7 +26,7 @@ _BITS = {
 }
 
 
-@register("aten::frexp.Tensor")
+@register("aten::frexp.Tensor", rounding=NATIVE)  # reads the recorded dtype's bits
 def _frexp(node, x):
     """mantissa in [0.5, 1) and exponent with x = mantissa * 2**exponent, from the bits (XLA
     flushes subnormals in arithmetic; frexp must see them). 0, inf and NaN keep their value
@@ -48,7 +55,7 @@ def _frexp(node, x):
     return mantissa, exponent
 
 
-@register("aten::nextafter.default")
+@register("aten::nextafter.default", rounding=NATIVE)  # the recorded dtype's next value
 def _nextafter(node, x, y):
     """The next representable value after x toward y, from the bits (subnormals included,
     which XLA's arithmetic would flush)."""
