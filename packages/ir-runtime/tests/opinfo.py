@@ -352,6 +352,21 @@ def samples_of(op, n: int | None, requires_grad: bool, dtype=DTYPE):
     return out
 
 
+def judge(name: str, outcome: Outcome, known, listed_in: str) -> None:
+    """Assert what a suite's run of one op must show: no wrong value ever; a pass, unless the op
+    is a known failure ``known`` (``(part, reason)`` from the list ``listed_in``), which must
+    still fail, its values passing where only its gradients are listed."""
+    assert "wrong" not in (outcome.values, outcome.grads), f"{name}: {outcome.detail}"
+    passed = outcome.values == "pass" and outcome.grads in ("pass", None)
+    if known is None:
+        assert passed, f"{name} ({outcome.values}, gradients {outcome.grads}): {outcome.detail}"
+        return
+    part, reason = known
+    assert not passed, f"{name} passes now: remove it from {listed_in} ({reason})"
+    if part == "gradients":
+        assert outcome.values == "pass", f"{name}'s values fail too: {outcome.detail}"
+
+
 def check(op, n_samples: int | None = 3, dtype=DTYPE) -> Outcome:
     """Values (and gradients, where the op has them in ``dtype``) of the first ``n_samples``
     samples in ``dtype`` (all of them where ``n_samples`` is None)."""

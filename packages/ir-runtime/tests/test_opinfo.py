@@ -35,16 +35,7 @@ OUTCOMES: dict = {}  # op id -> Outcome, for the run's summary
 def test_op_matches_eager(op):
     name = opinfo.op_id(op)
     outcome = OUTCOMES[name] = opinfo.check(op, None if SAMPLES == "all" else SAMPLES)
-    assert "wrong" not in (outcome.values, outcome.grads), f"{name}: {outcome.detail}"
-    passed = outcome.values == "pass" and outcome.grads in ("pass", None)
-    known = KNOWN_FAILURES.get(name)
-    if known is None:
-        assert passed, f"{name} ({outcome.values}, gradients {outcome.grads}): {outcome.detail}"
-        return
-    part, reason = known
-    assert not passed, f"{name} passes now: remove it from KNOWN_FAILURES ({reason})"
-    if part == "gradients":
-        assert outcome.values == "pass", f"{name}'s values fail too: {outcome.detail}"
+    opinfo.judge(name, outcome, KNOWN_FAILURES.get(name), "KNOWN_FAILURES")
 
 
 def test_known_failures_name_real_ops():

@@ -35,16 +35,7 @@ OUTCOMES: dict = {}  # op id -> Outcome, for the run's summary (``conftest.py``)
 def test_op_matches_eager_in_bfloat16(op):
     name = opinfo.op_id(op)
     outcome = OUTCOMES[name] = opinfo.check(op, SAMPLES, DTYPE)
-    assert "wrong" not in (outcome.values, outcome.grads), f"{name}: {outcome.detail}"
-    passed = outcome.values == "pass" and outcome.grads in ("pass", None)
-    known = KNOWN_FAILURES.get(name)
-    if known is None:
-        assert passed, f"{name} ({outcome.values}, gradients {outcome.grads}): {outcome.detail}"
-        return
-    part, reason = known
-    assert not passed, f"{name} passes now: remove it from BFLOAT16_FAILURES ({reason})"
-    if part == "gradients":
-        assert outcome.values == "pass", f"{name}'s values fail too: {outcome.detail}"
+    opinfo.judge(name, outcome, KNOWN_FAILURES.get(name), "BFLOAT16_FAILURES")
 
 
 def test_known_failures_name_real_ops():
