@@ -306,6 +306,153 @@ def test_a_tensor_learning_rate_filled_in_place_is_guarded():
     close(lazy[0].weight, eager[0].weight, rtol=1e-4, atol=1e-6)
 
 
+def embedding_pair(seed=0):
+    """An embedding (rows 6-9 never looked up: their gradients and second moments stay 0) and
+    a sharded head, on CPU and on the lazy device."""
+    torch.manual_seed(seed)
+    eager = torch.nn.Sequential(torch.nn.Embedding(10, 16), torch.nn.Linear(16, 4))
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    irt.mark_sharding(lazy[1].weight, MESH, (None, "model"))
+    return eager, lazy
+
+
+SCHEDULES = {
+    # warms up from 0, as transformers' schedules do: the first step's rate is 0
+    "lambda-warmup": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda i: min(i / 3, 0.9**i)),
+    "one-cycle": lambda o: torch.optim.lr_scheduler.OneCycleLR(
+        o, 0.05, total_steps=20, cycle_momentum=False
+    ),
+    "cosine": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 4),
+}
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["stepped-inside", "stepped-outside"])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=list(SCHEDULES))
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda p, lr, **kw: torch.optim.AdamW(p, lr=lr, **kw),
+        lambda p, lr, **kw: torch.optim.Adam(p, lr=lr, weight_decay=0.1, amsgrad=True, **kw),
+        lambda p, lr, **kw: torch.optim.NAdam(p, lr=lr, **kw),
+    ],
+    ids=["adamw", "adam-amsgrad-decay", "nadam"],
+)
+def test_a_scheduled_learning_rate_is_a_program_input(make_opt, schedule, inside):
+    """The documented recipe: the rate in a tensor (the scheduler fills it in place) and
+    capturable=True. Every call after the first few replays with eager's values, whether the
+    scheduler steps inside the compiled step (a replay steps it again) or after it; no NaN
+    where the rate is 0 and a parameter's second moment is 0 (embedding rows never used)."""
+    eager, lazy = embedding_pair()
+    opt_e = make_opt(eager.parameters(), 0.01)
+    opt_l = make_opt(lazy.parameters(), torch.tensor(0.01), capturable=True)
+    sched_e, sched_l = SCHEDULES[schedule](opt_e), SCHEDULES[schedule](opt_l)
+
+    def train(model, opt, sched, stepped_inside):
+        def step(ids, y):
+            loss = torch.nn.functional.mse_loss(model(ids).sum(1), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if stepped_inside:
+                sched.step()
+            return loss
+
+        return step
+
+    step = irt.compile_step(train(lazy, opt_l, sched_l, inside))
+    step_e = train(eager, opt_e, sched_e, True)
+    irt.reset_metrics()
+    g = torch.Generator().manual_seed(1)
+    for _ in range(10):
+        ids, y = torch.randint(0, 6, (8, 3), generator=g), torch.randn(8, 4, generator=g)
+        close(step(ids, y), step_e(ids, y), rtol=1e-5)
+        if not inside:
+            sched_l.step()
+        assert float(opt_l.param_groups[0]["lr"]) == pytest.approx(sched_e.get_last_lr()[0])
+    assert step.replaying and step.reason is None
+    c = counters()
+    assert c["StepTraced"] <= 3 and c["StepReplay"] == 10 - c["StepTraced"]
+    assert c["CompileCount"] <= 2  # the first step makes the optimizer's state
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        assert not irt.to_torch(p_l).isnan().any()
+        close(p_l, p_e, rtol=1e-5, atol=1e-5)
+
+
+def test_an_optimizer_reading_its_tensor_rate_into_python_keeps_it_on_the_host():
+    """RMSprop passes its rate to torch as a number (value=-lr) even when capturable: the rate
+    stays a host tensor, compared by value, so a constant rate replays and a changed one is
+    traced again, with eager's values throughout."""
+    eager, lazy = embedding_pair()
+    opt_e = torch.optim.RMSprop(eager.parameters(), lr=0.01, momentum=0.5)
+    opt_l = torch.optim.RMSprop(
+        lazy.parameters(), lr=torch.tensor(0.01), momentum=0.5, capturable=True
+    )
+    step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
+    irt.reset_metrics()
+    g = torch.Generator().manual_seed(1)
+    for k in range(10):
+        if k == 6:
+            opt_e.param_groups[0]["lr"] = 0.02
+            opt_l.param_groups[0]["lr"].fill_(0.02)
+        ids, y = torch.randint(0, 6, (8, 3), generator=g), torch.randn(8, 3, 4, generator=g)
+        close(step(ids, y), step_e(ids, y), rtol=1e-5)
+    assert step.replaying and counters()["StepReplay"] >= 4
+    assert "changed from 0.01 to 0.02" in step.last_guard_failure
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-5, atol=1e-5)
+
+
+def test_adam_with_a_learning_rate_of_0_gives_no_nan():
+    """torch's single-tensor capturable Adam divides by the step size: a rate of 0 made every
+    parameter whose second moment is 0 NaN. The lazy device takes the form CUDA takes."""
+    for make in (torch.optim.Adam, torch.optim.AdamW):
+        eager, lazy = embedding_pair()
+        opt_e = make(eager.parameters(), lr=0.0, foreach=False)
+        opt_l = make(lazy.parameters(), lr=0.0, foreach=False, capturable=True)
+        for k in range(3):
+            ids = torch.tensor([[1, 2]])
+            for model, opt, x in ((eager, opt_e, ids), (lazy, opt_l, irt.to_lazy(ids))):
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                opt.param_groups[0]["lr"] = 0.01 * k
+            irt.mark_step()
+        close(lazy[0].weight, eager[0].weight, rtol=1e-5, atol=1e-6)
+
+
+def test_a_scheduled_rate_in_a_python_number_says_how_to_replay():
+    _, lazy = embedding_pair()
+    opt = torch.optim.AdamW(lazy.parameters(), lr=0.01, capturable=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 / (i + 1))
+    step = irt.compile_step(train_fn(lazy, opt))
+    with pytest.warns(irt.CaptureWarning, match=r"lr=torch\.tensor\(.*capturable=True"):
+        for _ in range(6):
+            step(torch.randint(0, 6, (8, 3)), torch.randn(8, 3, 4))
+            sched.step()
+    assert not step.replaying and "lr=torch.tensor(" in step.reason
+
+
+def test_a_scheduler_stepped_before_its_optimizer_is_traced_and_says_why():
+    _, lazy = embedding_pair()
+    opt = torch.optim.AdamW(lazy.parameters(), lr=torch.tensor(0.01), capturable=True)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 4)
+
+    @irt.compile_step
+    def step(ids, y):
+        sched.step()  # before the optimizer reads the rate: its replay could not be the call
+        loss = torch.nn.functional.mse_loss(lazy(ids), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    irt.reset_metrics()
+    with pytest.warns(irt.CaptureWarning, match="before its optimizer reads"):
+        for _ in range(4):
+            step(torch.randint(0, 6, (8, 3)), torch.randn(8, 3, 4))
+    assert not step.replaying and "StepReplay" not in counters()
+
+
 def test_freezing_or_replacing_a_layer_is_guarded():
     eager, lazy = pair()
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)

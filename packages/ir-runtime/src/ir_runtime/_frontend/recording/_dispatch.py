@@ -222,10 +222,23 @@ def _foreach(func, args, kwargs):
         if name == "norm":
             results.append(torch.linalg.vector_norm(*positional, **keywords))
         elif name.endswith("_"):
-            getattr(torch.Tensor, name)(*positional, **keywords)
+            method = getattr(torch.Tensor, name, None)
+            if method is None:  # no in-place method (maximum_, minimum_): computed, copied in
+                positional[0].copy_(_foreach_one(name[:-1], positional, keywords))
+            else:
+                method(*positional, **keywords)
         else:
-            results.append(getattr(torch, name)(*positional, **keywords))
+            results.append(_foreach_one(name, positional, keywords))
     return None if name.endswith("_") else results
+
+
+def _foreach_one(name: str, positional: list, keywords: dict):
+    """One element of ``_foreach_<name>``: torch's function of that name, but for a maximum or
+    minimum with a number, which torch spells as a clamp (the same NaN propagation)."""
+    if name in ("maximum", "minimum") and not isinstance(positional[1], torch.Tensor):
+        bound = "min" if name == "maximum" else "max"
+        return torch.clamp(positional[0], **{bound: positional[1]})
+    return getattr(torch, name)(*positional, **keywords)
 
 
 SPECIAL: dict = {}  # OpOverload -> handler(func, args, kwargs)

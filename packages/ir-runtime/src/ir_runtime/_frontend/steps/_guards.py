@@ -91,12 +91,14 @@ def _weak(v):
 # Optimizers the step stepped.
 
 
-def _hyper(opt) -> tuple:
-    """An optimizer's hyperparameters, as a replay compares them: host tensors (a learning rate
-    a scheduler fills in place) by value, lazy ones by identity (the program reads those)."""
+def _hyper(opt, inputs) -> tuple:
+    """An optimizer's hyperparameters, as a replay compares them: lazy tensors by identity (the
+    program reads them), host tensors by identity when ``inputs`` (a set of ids; None: all) has
+    them (read afresh into the program at every replay: a learning rate a scheduler fills in
+    place), others by value (Python computed with them)."""
     return tuple(
         tuple(
-            (k, _tensor_key(v) if isinstance(v, torch.Tensor) else v)
+            (k, _tensor_key(v, inputs) if isinstance(v, torch.Tensor) else v)
             for k, v in group.items()
             if k != "params"
         )
@@ -104,9 +106,11 @@ def _hyper(opt) -> tuple:
     )
 
 
-def _tensor_key(v: torch.Tensor):
+def _tensor_key(v: torch.Tensor, inputs):
     if isinstance(v, LazyTensor):
         return ("lazy", id(v))
+    if inputs is None or id(v) in inputs:
+        return ("input", id(v), v.dtype, tuple(v.shape))
     return ("host", v.dtype, tuple(v.shape), v.detach().cpu().flatten().tolist())
 
 
@@ -124,19 +128,24 @@ def _hyper_text(v) -> str:
         return _array_text((t.float() if t.dtype == torch.bfloat16 else t).numpy())
     if type(v) is tuple and len(v) == 2 and v[0] == "lazy":
         return "a lazy tensor"
+    if type(v) is tuple and len(v) == 4 and v[0] == "input":
+        return f"a {tensor_name(v[3], v[2])}"
     return repr(v)
 
 
 class OptimizerGuard(Guard):
     """An optimizer the step stepped: its hyperparameters, its state table (the same dict, of
-    the same size: ``load_state_dict`` replaces it) and each group's parameter list."""
+    the same size: ``load_state_dict`` replaces it) and each group's parameter list.
+    ``inputs``: ids of the host tensors the program reads afresh at every replay (None: every
+    host tensor, by identity: what a call's effects are compared by)."""
 
-    __slots__ = ("groups", "hyper", "kind", "params", "ref", "size", "state")
+    __slots__ = ("groups", "hyper", "inputs", "kind", "params", "ref", "size", "state")
 
-    def __init__(self, opt):
+    def __init__(self, opt, inputs=None):
         self.ref = _ref(opt)
         self.kind = type(opt).__name__
-        self.hyper = _hyper(opt)
+        self.inputs = inputs
+        self.hyper = _hyper(opt, inputs)
         self.state = opt.state
         self.size = len(opt.state)
         self.params = tuple((g["params"], len(g["params"])) for g in opt.param_groups)
@@ -170,7 +179,7 @@ class OptimizerGuard(Guard):
             for k, v, key in items:
                 now = group.get(k, _NONE)
                 if v is _TENSOR:
-                    if not isinstance(now, torch.Tensor) or _tensor_key(now) != key:
+                    if not isinstance(now, torch.Tensor) or _tensor_key(now, self.inputs) != key:
                         return False
                 elif now is not v and (isinstance(now, torch.Tensor) or now != v):
                     return False
@@ -188,7 +197,7 @@ class OptimizerGuard(Guard):
         groups = opt.param_groups
         if len(groups) != len(self.params):
             return f"{name} has {len(groups)} parameter groups, not {len(self.params)}"
-        for i, (now, then) in enumerate(zip(_hyper(opt), self.hyper, strict=True)):
+        for i, (now, then) in enumerate(zip(_hyper(opt, self.inputs), self.hyper, strict=True)):
             now, then = dict(now), dict(then)
             where = f" (parameter group {i})" if len(groups) > 1 else ""
             for k in {**then, **now}:
@@ -196,7 +205,15 @@ class OptimizerGuard(Guard):
                 if a is _NONE or b is _NONE:
                     return f"{name}'s parameter group {i} {'gained' if a is _NONE else 'lost'} {k}"
                 if a != b:
-                    return f"{name}'s {k}{where} changed from {_hyper_text(a)} to {_hyper_text(b)}"
+                    changed = (
+                        f"{name}'s {k}{where} changed from {_hyper_text(a)} to {_hyper_text(b)}"
+                    )
+                    if type(a) is float and type(b) is float and "capturable" in opt.defaults:
+                        changed += (  # (a number is a constant of the program)
+                            f"; to change it every call, hold it in a tensor: "
+                            f"{self.kind}(..., {k}=torch.tensor({a!r}), capturable=True)"
+                        )
+                    return changed
         for i, (group, (table, n)) in enumerate(zip(groups, self.params, strict=True)):
             if group["params"] is not table:
                 return f"{name}'s parameter group {i} has a new parameter list"

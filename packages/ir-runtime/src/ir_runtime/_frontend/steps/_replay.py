@@ -19,7 +19,7 @@ from ir_runtime import _donation, _metrics, _runtime_checks
 from ir_runtime._data import fetch, put
 from ir_runtime._execute import place
 from ir_runtime._frontend.recording import _rng
-from ir_runtime._frontend.recording._convert import host_numpy, host_tensor
+from ir_runtime._frontend.recording._convert import host_numpy, host_tensor, shape_of
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.recording._views import write_through
 from ir_runtime._frontend.steps import _step
@@ -95,6 +95,9 @@ def leaf_key(k: int, x):
 
 _GRAD_GUARDS = (GradGuard, UnsetGradGuard, GradReadGuard)
 ARG, STATE, CONST, RNG = "arg", "state", "const", "rng"  # where a parameter's data comes from
+# HOSTREAD: a host tensor the program reads, alive after the call and read by nothing but the
+# program (a learning rate a scheduler fills in place): placed from its memory at every replay.
+HOSTREAD = "host read"
 # PGRAD: the current ``.grad`` of a tensor, whichever tensor that is then: read as a parameter,
 # or written in place as a result (``p.grad`` accumulated into, or zeroed).
 PGRAD = "p.grad"
@@ -123,10 +126,14 @@ def _unreadable(kind, x, node, shape) -> str:
         what = f"argument {x}"
     elif kind is PGRAD:
         what = f"p.grad of {tensor_name(shape.dims, shape.dtype)} that the step reads"
+    elif kind is HOSTREAD:
+        what = f"host {tensor_name(shape.dims, shape.dtype)} that the step reads"
     else:
         what = f"{tensor_name(shape.dims, shape.dtype)} that the step reads"
     if node is None:
         return f"{what} was freed (every tensor holding its data)"
+    if kind is HOSTREAD:
+        return f"{what} is now {tensor_name(node.dims, node.dtype)}"
     if type(node) is not DeviceData:
         return f"{what} holds pending work (it changed since the last mark_step)"
     return f"{what} holds {node.shape} data, traced as {shape}"
@@ -147,6 +154,9 @@ class Replay:
         self.structure = None  # the return value's structure
         self.statics: list = []  # the return value's leaves; None where a tensor goes
         self.reseed: int | None = None  # the seed the call gave torch.manual_seed last
+        # refs to the learning-rate schedulers the call stepped (after its optimizers read
+        # their rates): a replay steps them again once the program has run
+        self.schedulers: list = []
         self.watched = True  # whether its effects outside the program were looked for
         self.effects: list[str] = []  # those found, among its reasons
         self.guards: tuple = ()  # what a replay checks first, top to bottom (see _guards)
@@ -164,13 +174,15 @@ class Replay:
             return False
         if self.reseed != other.reseed:
             return False
+        if [r() for r in self.schedulers] != [r() for r in other.schedulers]:
+            return False
         if self.const_bytes != other.const_bytes or len(self.sources) != len(other.sources):
             return False
         for (k1, x1), (k2, x2) in zip(self.sources, other.sources, strict=True):
             if (
                 k1 != k2
                 or (k1 == STATE and _alive(x1) is not _alive(x2))
-                or (k1 == PGRAD and x1() is not x2())
+                or ((k1 == PGRAD or k1 == HOSTREAD) and x1() is not x2())
                 or (k1 == ARG and x1 != x2)
             ):
                 return False
@@ -245,6 +257,10 @@ class Replay:
                 t.grad = None
         _rng.next_step()
         _metrics.count("StepReplay")
+        for ref in self.schedulers:  # (a scheduler freed since: nothing can step it)
+            scheduler = ref()
+            if scheduler is not None:
+                scheduler.step()
         return outputs
 
     def _inputs(self, leaves: list, replayable_args: list, ran: bool = False):
@@ -267,6 +283,13 @@ class Replay:
         for kind, x, shape, sharding, donated in reads:
             if kind is CONST:
                 arrays.append(x)
+                continue
+            if kind is HOSTREAD:  # its value now, as eager reads it
+                t = x()
+                if t is None or shape_of(t) != shape:
+                    return Miss(_unreadable(kind, x, None if t is None else shape_of(t), shape))
+                _metrics.count("TransferToDevice")
+                arrays.append(put(host_numpy(t), sharding))
                 continue
             if kind is STATE:
                 t = _alive(x)

@@ -375,6 +375,11 @@ def _sharing(t: LazyTensor, busy: list) -> list:
     return [u for u in busy if u is t or touches[id(u._ir.node)]]
 
 
+def host_read_count() -> int:
+    """How many values have been read to the host so far."""
+    return _EVENTS["host_reads"]
+
+
 def to_torch(t) -> torch.Tensor:
     """An ordinary CPU torch tensor with ``t``'s value."""
     if not isinstance(t, LazyTensor):

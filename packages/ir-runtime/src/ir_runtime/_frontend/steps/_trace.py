@@ -9,6 +9,7 @@ its inputs and results gets its role in the plan (``_program``); last, the guard
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import weakref
 from collections import Counter
@@ -23,7 +24,7 @@ from ir_core import DeviceData
 from ir_runtime import _donation, _runtime_checks
 from ir_runtime._frontend.recording import _rng, _tensor
 from ir_runtime._frontend.recording._api import to_lazy
-from ir_runtime._frontend.recording._tensor import LazyTensor, base_of, live, wrap
+from ir_runtime._frontend.recording._tensor import LazyTensor, as_value, base_of, live, wrap
 from ir_runtime._frontend.steps import _step
 from ir_runtime._frontend.steps._guards import (
     GradGuard,
@@ -42,6 +43,7 @@ from ir_runtime._frontend.steps._replay import (
     DROP,
     GRAD,
     HOST,
+    HOSTREAD,
     OUT,
     PGRAD,
     RNG,
@@ -121,6 +123,9 @@ def _classify(leaves, entry_nodes, out_pos, arg_pos, grad_of, bases, kept):
 # first step, an attribute set once) only keeps that call from being the one replayed.
 
 _VALUES = (int, float, bool, complex, str, bytes, type(None))  # compared by value
+# Attributes torch sets for its own checks, whose later values a replay need not redo: a
+# scheduler marks its optimizer's first step (``_opt_called``) to warn about the call order.
+_BOOKKEEPING = frozenset({"_opt_called"})
 _MISSING = object()
 _WRITES: dict = {}  # ATen op -> the (position, name) of the arguments it writes in place
 
@@ -141,17 +146,28 @@ def _written_args(func) -> tuple:
 
 
 class _HostWrites(TorchDispatchMode):
-    """Notes (weakly) the host tensors the ops inside write in place. A lazy op writes a lazy
-    tensor, which the program rebinds; a host tensor written by a CPU op (a counter ``seen +=
-    n``, ``AveragedModel``'s ``n_averaged``) is Python work that no program holds."""
+    """Notes (weakly) the host tensors the ops inside write in place, and those CPU ops read. A
+    lazy op writes a lazy tensor, which the program rebinds; a host tensor written by a CPU op
+    (a counter ``seen += n``, ``AveragedModel``'s ``n_averaged``) is Python work that no
+    program holds. A host tensor a CPU op reads feeds Python (``lr.item()``), so the program's
+    reading it afresh at a replay would not be enough: it is compared by value instead. Ops
+    inside a scheduler's step, which a replay redoes, are not looked at (``_PAUSED``)."""
 
     def __init__(self):
         super().__init__()
         # id of the tensor written (a view's base) -> (weak reference, the view or None)
         self.written: dict = {}
+        self.read: set = set()  # ids of the host tensors (views' bases) CPU ops read
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _PAUSED[0]:
+            return func(*args, **kwargs)
+        if LazyTensor not in types:  # a CPU op
+            for x in (*args, *kwargs.values()):
+                for t in x if isinstance(x, (list, tuple)) else (x,):
+                    if isinstance(t, torch.Tensor):
+                        self.read.add(id(t if t._base is None else t._base))
         written = _WRITES.get(func)
         for i, name in _written_args(func) if written is None else written:
             x = args[i] if i < len(args) else kwargs.get(name)
@@ -163,6 +179,54 @@ class _HostWrites(TorchDispatchMode):
                         view = None if base is t else (t.shape, t.dtype)
                         self.written[id(base)] = (_ref(base), view)
         return func(*args, **kwargs)
+
+
+# Optimizers whose step read a lent hyperparameter into Python (``_call``): lent no more, their
+# host tensors stay host tensors (compared by value), and their steps replay while they hold.
+_KEEPS_HOST: weakref.WeakSet = weakref.WeakSet()
+
+# While a call is traced: [the schedulers it stepped, as (weak reference, host reads before
+# the step, whether called with arguments)]. Ops inside a scheduler's step are not effects to
+# look for (``_PAUSED``): a replay steps the scheduler again.
+_STEPPED: list | None = None
+_PAUSED = [0]
+
+
+def _recorded(step):
+    """An ``LRScheduler`` class's ``step``, noted in ``_STEPPED`` while a call is traced (the
+    outermost only: ``SequentialLR`` steps its schedulers inside its own step)."""
+
+    @functools.wraps(step)
+    def stepped(self, *args, **kwargs):
+        if _STEPPED is None or _PAUSED[0]:
+            return step(self, *args, **kwargs)
+        reads = _tensor._HOST_READS
+        _STEPPED.append((_ref(self), 0 if reads is None else len(reads), bool(args or kwargs)))
+        _PAUSED[0] += 1
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            _PAUSED[0] -= 1
+
+    stepped._recorded = True
+    return stepped
+
+
+def _record_scheduler_steps() -> None:
+    """Wrap the ``step`` of torch's scheduler classes (a subclass defined later that overrides
+    ``step`` is not: its step's effects keep the call from being replayed, as any other)."""
+    classes, todo = [], [LRScheduler]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo += cls.__subclasses__()
+    for cls in classes:
+        step = cls.__dict__.get("step")
+        if step is not None and not getattr(step, "_recorded", False):
+            cls.step = _recorded(step)
+
+
+_record_scheduler_steps()
 
 
 def _roots(fn) -> list:
@@ -217,7 +281,11 @@ class _Effects:
         if isinstance(x, torch.nn.Module):
             guard = ModuleGuard(x)
         elif isinstance(x, torch.optim.Optimizer):
-            guard = OptimizerGuard(x)
+            _PAUSED[0] += 1  # (reading its hyperparameters is not the call's doing)
+            try:
+                guard = OptimizerGuard(x)
+            finally:
+                _PAUSED[0] -= 1
             state = {id(p): (p, dict(s)) for p, s in x.state.items()}
         try:  # weakly: a module the call makes and drops (a loss module) must die with it
             ref = _ref(x)
@@ -225,15 +293,18 @@ class _Effects:
             ref = (lambda y: lambda: y)(x)
         self.seen[id(x)] = (label, ref, dict(getattr(x, "__dict__", {})), guard, state)
 
-    def reasons(self) -> list:
-        """Why the call cannot be replayed: each effect of it that a replay would not redo."""
+    def reasons(self, stepped=()) -> list:
+        """Why the call cannot be replayed: each effect of it that a replay would not redo
+        (``stepped``: ids of the schedulers a replay steps again, whose state is theirs)."""
         out = []
         for label, ref, attrs, guard, state in self.seen.values():
             x = ref()
-            if x is None:
+            if x is None or id(x) in stepped:
                 continue
             now = getattr(x, "__dict__", {})
             for k in [*attrs, *(k for k in now if k not in attrs)]:
+                if k in _BOOKKEEPING:
+                    continue
                 a, b = attrs.get(k, _MISSING), now.get(k, _MISSING)
                 if not _same(a, b):
                     what = "deletes" if b is _MISSING else "sets"
@@ -387,11 +458,40 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
     itself, with its autograd graph, goes with this frame."""
     optimizers: dict = {}
     modules: dict = {}
+    lent: list = []  # (parameter group, key, host tensor) lent to the lazy device for a step
+    reads = [0]  # host reads before the optimizer's step
 
     def saw_optimizer(opt, args, kwargs):
         optimizers.setdefault(id(opt), opt)  # returns None: the arguments stay as they are
         if effects is not None:
             effects.note(opt)
+        # A capturable optimizer's hyperparameter in a host tensor (a learning rate a
+        # scheduler fills) is lent to the step as a lazy tensor that the program reads
+        # (HOSTREAD, placed afresh at each replay): what torch computes from it (1 - lr *
+        # weight_decay) is then computed in the program, not on the CPU into a constant of it.
+        # (torch's capturable code keeps such a tensor on the device; other code reads it into
+        # Python, SGD's alpha=-lr: a host tensor there stays one, compared by value.)
+        if opt in _KEEPS_HOST:
+            return
+        reads[0] = _step.host_read_count()
+        _PAUSED[0] += 1
+        try:
+            for group in opt.param_groups:
+                if not group.get("capturable"):
+                    continue
+                for k, v in group.items():
+                    if k != "params" and type(v) is torch.Tensor:
+                        lent.append((group, k, v))
+                        group[k] = wrap(as_value(v))
+        finally:
+            _PAUSED[0] -= 1
+
+    def stepped_optimizer(opt, args, kwargs):
+        if lent and opt is not None and _step.host_read_count() != reads[0]:
+            _KEEPS_HOST.add(opt)  # it read a lent tensor into Python (RMSprop's alpha=-lr)
+        while lent:
+            group, k, v = lent.pop()
+            group[k] = v
 
     def saw_module(m, args):
         ref = modules.get(id(m))
@@ -402,8 +502,11 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
 
     hooks = [
         _optimizer.register_optimizer_step_pre_hook(saw_optimizer),
+        _optimizer.register_optimizer_step_post_hook(stepped_optimizer),
         _module.register_module_forward_pre_hook(saw_module),
     ]
+    global _STEPPED
+    outer, _STEPPED = _STEPPED, []
     try:
         mode = contextlib.nullcontext() if effects is None else effects.mode
         with _step.watch() as seen, _tensor.host_reads() as host_reads, mode:
@@ -412,6 +515,22 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
     finally:
         for h in hooks:
             h.remove()
+        stepped_optimizer(None, (), {})  # (a step that raised)
+        stepped, _STEPPED = _STEPPED, outer
+    for ref, before, with_args in stepped:
+        name = type(ref()).__name__
+        if with_args:
+            plan.reasons.append(
+                f"it steps the scheduler {name} with arguments, which a replay would pass "
+                f"again as they were; step it outside the step"
+            )
+        elif before < len(host_reads):
+            plan.reasons.append(
+                f"it steps the scheduler {name} before its optimizer reads the learning rate; "
+                f"call scheduler.step() after optimizer.step(), as torch's order is"
+            )
+        else:
+            plan.schedulers.append(ref)
     if seen.host_reads:
         plan.reasons.append(
             "it reads a tensor's value into Python (.item(), .cpu(), printing), so what it "
@@ -420,7 +539,7 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
     if seen.mark_steps:
         plan.reasons.append("it calls mark_step(); a compiled step runs as one program")
     if effects is not None:
-        plan.effects = effects.reasons()
+        plan.effects = effects.reasons({id(r()) for r in plan.schedulers})
         plan.reasons += plan.effects
     out_leaves: list = []
     plan.structure = flatten(out, out_leaves)
@@ -487,10 +606,29 @@ def _roles(leaves, entry: _Entry, outputs, grad_of, bases, kept):
     return classified[:3]
 
 
-def _program(plan: Replay, entry: _Entry, pending, roles, host_reads) -> list:
+def _hyperparameters(optimizers) -> dict:
+    """id -> each host tensor among the optimizers' hyperparameters (a learning rate in a
+    tensor, which a scheduler fills in place)."""
+    found = {}
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for k, v in group.items():
+                for t in v if k != "params" and isinstance(v, (tuple, list)) else (v,):
+                    if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor):
+                        found[id(t)] = t
+    return found
+
+
+def _program(plan: Replay, entry: _Entry, pending, roles, host_reads, inputs) -> list:
     """Run the pending tensors' program, and fill ``plan``'s sources (where each parameter's
     data comes from at a replay) and bindings (what each result goes to). Returns the guards
-    on what it reads: gradients, requires_grad, host tensors' values, in that order."""
+    on what it reads: gradients, requires_grad, host tensors' values, in that order.
+
+    ``inputs``: ``(the optimizers' host tensor hyperparameters (_hyperparameters), ids of the
+    host tensors CPU ops read (None: not looked for), a set)``: each hyperparameter the program
+    reads that no CPU op did is read afresh at every replay (``HOSTREAD``), its id added to the
+    set: a scheduler's rate is an input of the program, not a constant of it."""
+    hyper, cpu_read, fresh = inputs
     arg_nodes, holders = entry.arg_nodes, entry.holders
     for i, x in enumerate(entry.lazy):
         if isinstance(x, LazyTensor) and type(x._ir.node) is DeviceData:
@@ -525,6 +663,16 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads) -> list:
         elif p is key_node:
             plan.sources.append((RNG, None))
         else:
+            refs = read_from.get(pid)
+            host = refs[0]() if refs is not None else None
+            if (
+                host is not None
+                and id(host) in hyper
+                and (cpu_read is None or id(host) not in cpu_read)
+            ):
+                plan.sources.append((HOSTREAD, refs[0]))
+                fresh.add(id(host))
+                continue
             plan.sources.append((CONST, a))
             plan.const_bytes.append(value_bytes(p.handle))
             # A host tensor (or the base of the view) read that outlives the call: changed in
@@ -553,6 +701,7 @@ def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list
     plan.watched = watch
     effects = _Effects(fn, entry) if watch else None
     outputs, optimizers, modules, host_reads = _call(fn, structure, entry.lazy, plan, effects)
+    cpu_read = None if effects is None else effects.mode.read
     effects = None
     if _rng.seedings() != seedings:  # it reseeded: a replay reseeds the same way
         plan.reseed = torch.initial_seed()
@@ -567,8 +716,11 @@ def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list
     pending, roles, reasons = _roles(leaves, entry, outputs, grad_of, bases, kept)
     plan.reasons += reasons
     read_guards = []
+    inputs: set = set()  # ids of the hyperparameters read afresh at every replay
     if pending:
-        read_guards = _program(plan, entry, pending, roles, host_reads)
+        hyper = _hyperparameters(optimizers)
+        read_guards = _program(plan, entry, pending, roles, host_reads, (hyper, cpu_read, inputs))
+        hyper = None
         for kind, i, _ in plan.bindings:
             if kind is HOST:
                 write_host(leaves[i], entry.lazy[i]._ir.node)
@@ -577,7 +729,7 @@ def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list
     _rng.next_step()
     # The guard table, checked in this order: the cheap checks first, host values last.
     plan.guards = (
-        *map(OptimizerGuard, optimizers),
+        *(OptimizerGuard(opt, inputs) for opt in optimizers),
         *map(ModuleGuard, modules),
         *grad_guards,
         *read_guards,
