@@ -5,8 +5,9 @@ import torch
 import transformers as tf
 
 
-def causal(kind="llama", vocab_size=96, hidden_size=32, layers=2, seed=0):
-    """A Llama or Qwen2 causal LM: 4 attention heads over 2 key/value heads."""
+def causal(kind="llama", vocab_size=96, hidden_size=32, layers=2, seed=0, **overrides):
+    """A Llama or Qwen2 causal LM: 4 attention heads over 2 key/value heads; ``overrides``
+    are more config fields (``tie_word_embeddings=True``)."""
     config_class, model_class = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
@@ -19,6 +20,7 @@ def causal(kind="llama", vocab_size=96, hidden_size=32, layers=2, seed=0):
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
+        **overrides,
     )
     return _build(model_class, config, seed)
 

@@ -469,6 +469,29 @@ def test_tied_weights_stay_tied_and_train_like_eager():
     same(lazy["emb"].weight, eager["emb"].weight, rtol=1e-5, atol=1e-6)
 
 
+def test_a_storage_is_shared_by_a_tensor_its_views_and_aliases_as_on_the_cpu():
+    """What safetensors and save_pretrained ask of a storage: which tensors share memory."""
+    pairs = []
+    for make in (lambda t: t, irt.to_lazy):
+        base = make(torch.arange(12.0).reshape(3, 4))
+        other = make(torch.zeros(3, 4))
+        pairs.append(
+            (
+                base.untyped_storage().data_ptr(),
+                [
+                    v.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+                    for v in (base.detach(), base[1], base.t(), base.view(12), other)
+                ],
+                [base.untyped_storage().nbytes(), other.untyped_storage().nbytes()],
+                base.detach().data_ptr() == base.data_ptr(),
+            )
+        )
+    (_, eager_shared, eager_bytes, eager_alias), (lazy_ptr, shared, nbytes, alias) = pairs
+    assert shared == eager_shared == [True, True, True, True, False]
+    assert nbytes == eager_bytes == [48, 48] and alias and eager_alias
+    assert lazy_ptr != 0
+
+
 def test_module_to_a_dtype_converts_the_values():
     torch.manual_seed(0)
     eager = torch.nn.Linear(4, 3)

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from ir_core import DeviceData, Shape, Value
-from ir_runtime._dtypes import name_of
+from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._errors import (
     CheckpointArgumentError,
     CheckpointDirectoryError,
@@ -62,10 +62,11 @@ from ir_runtime._frontend.recording._convert import host_numpy, host_tensor, ir_
 from ir_runtime._frontend.recording._tensor import LazyTensor, live
 from ir_runtime._frontend.recording._views import write_through
 from ir_runtime._frontend.steps import _step
-from ir_sharding import ShardingSpec
+from ir_sharding import Mesh, ShardingSpec
 
 _PLAIN = (type(None), bool, int, float, str)
 _META_FILE = "metadata"  # the ``meta`` item's file in its step directory
+_SMALL = 4096  # elements of a tensor inside a plain value, kept in ``meta`` (_small_tensor)
 _DELETING = "deleting"  # where max_to_keep's steps wait for removal (``_remove_deleted``)
 
 # What ``_snapshot`` writes into ``meta``, as ``restore`` reads it back: key -> JSON type.
@@ -103,11 +104,46 @@ def _plain(value, where: str):
                 )
             out[k] = _plain(v, f"{where}[{k!r}]")
         return out
+    if isinstance(value, torch.Tensor):
+        return _small_tensor(value, where)
     raise CheckpointStateError(
         f"checkpoint state {where} is a {type(value).__name__}: a state holds modules, "
         f"optimizers, tensors and plain values (None, bool, int, float, str, lists, tuples, "
-        f"dicts)"
+        f"dicts, and small tensors inside them)"
     )
+
+
+def _small_tensor(t: torch.Tensor, where: str) -> dict:
+    """A tensor inside a plain value (an optimizer's learning rate held in a tensor, a
+    scheduler's ``base_lrs``): its bytes in ``meta``, exactly, with its dtype, shape and kind
+    (host or lazy), restored as the same kind."""
+    if t.numel() > _SMALL:
+        raise CheckpointStateError(
+            f"checkpoint state {where} is a tensor of {t.numel()} elements inside a plain "
+            f"value; those are kept in the JSON metadata, up to {_SMALL} elements: put a "
+            f"larger tensor in the state by its own name"
+        )
+    a = _step.to_torch(t) if isinstance(t, LazyTensor) else t.detach()
+    data = host_numpy(a)  # (tobytes writes C order)
+    return {
+        "__tensor__": {
+            "dtype": name_of(data.dtype),
+            "shape": list(data.shape),
+            "hex": data.tobytes().hex(),
+            "lazy": isinstance(t, LazyTensor),
+            "requires_grad": t.requires_grad,
+        }
+    }
+
+
+def _unsmall(saved: dict) -> torch.Tensor:
+    dtype = saved["dtype"]
+    a = np.frombuffer(bytes.fromhex(saved["hex"]), to_numpy_dtype(dtype)).reshape(saved["shape"])
+    if saved["lazy"]:
+        t = LazyTensor(_value_of(a.copy(), None))
+    else:
+        t = host_tensor(a, dtype)
+    return t.requires_grad_(saved["requires_grad"])
 
 
 def _unplain(value):
@@ -118,6 +154,8 @@ def _unplain(value):
             return tuple(_unplain(v) for v in value["__tuple__"])
         if set(value) == {"__float__"}:
             return float(value["__float__"])
+        if set(value) == {"__tensor__"}:
+            return _unsmall(value["__tensor__"])
         return {k: _unplain(v) for k, v in value.items()}
     return value
 
@@ -141,18 +179,64 @@ def _local(a: jax.Array) -> bool:
 
 class _Entry:
     """One tensor of the state: its shape and dtype, where its data is to be placed (None:
-    host memory) and how the restored array goes back into it."""
+    host memory), the annotation it is to carry, and how the restored array goes back in."""
 
-    __slots__ = ("assign", "dtype", "shape", "sharding")
+    __slots__ = ("assign", "dtype", "lazy", "shape", "sharding", "spec", "user")
 
     def __init__(self, t: torch.Tensor):
         self.shape, self.dtype = tuple(t.shape), ir_dtype(t.dtype)
-        self.sharding = _sharding_of(t) if isinstance(t, LazyTensor) else None
+        self.lazy = isinstance(t, LazyTensor)
+        self.sharding = _sharding_of(t) if self.lazy else None
+        self.spec = _annotation(t) if self.lazy else None
+        self.user = t._spec if self.lazy else None  # (what the user annotated)
         self.assign = (
-            (lambda a, t=t: _rebind(t, a))
-            if isinstance(t, LazyTensor)
+            (lambda a, t=t: _rebind(t, a, self.spec))
+            if self.lazy
             else (lambda a, t=t: _copy_host(t, a))
         )
+
+    def place(self, default, saved) -> None:
+        """Where lazy data goes (``_placement``), ``saved`` being the annotation the saved
+        tensor carried."""
+        if self.lazy:
+            self.sharding, self.spec = _placement(
+                saved, self.user, self.sharding, self.spec, default, len(self.shape)
+            )
+
+
+def _placement(saved, user, sharding, spec, default, ndim: int) -> tuple:
+    """``(placement, annotation)`` of a restored lazy tensor: as the running state had it.
+    What the user annotated on the target is kept (a restore into another layout); else the
+    annotation the saved tensor carried (a program's result: its sharding, as XLA chose it),
+    where the state is on the mesh it was saved from; else the target's own placement, data
+    no program placed yet (``_or_default``) going where the programs would put it."""
+    if (
+        user is None
+        and saved is not None
+        and default is not None
+        and saved.rank in (None, ndim)
+        and saved.to_jax().mesh == default.mesh
+    ):
+        return saved.to_jax(), saved
+    return _or_default(sharding, default), spec
+
+
+def _spec_json(spec: ShardingSpec) -> dict:
+    mesh = spec.mesh
+    fn, args = spec.__reduce__()
+    return {
+        "mesh": [list(mesh.device_ids), list(mesh.shape), list(mesh.axis_names)],
+        "make": fn.__name__,  # (ShardingSpec, replicated, maximal or manual)
+        "args": [_plain(a, "a sharding") for a in args[1:]],
+    }
+
+
+def _spec_of_json(saved: dict) -> ShardingSpec:
+    mesh = Mesh(*saved["mesh"])
+    args = [_unplain(a) for a in saved["args"]]
+    if saved["make"] == "ShardingSpec":
+        return ShardingSpec(mesh, *args)
+    return getattr(ShardingSpec, saved["make"])(mesh, *args)
 
 
 def _sharding_of(t: LazyTensor):
@@ -170,21 +254,46 @@ def _sharding_of(t: LazyTensor):
     return spec.to_jax() if spec is not None else None
 
 
-def _value_of(array) -> Value:
-    """A restored array as a lazy value: placed data, or host data to be placed."""
+def _value_of(array, spec) -> Value:
+    """A restored array as a lazy value: placed data (annotated with ``spec``, the annotation
+    its tensor carries in the running state), or host data to be placed."""
     if not isinstance(array, jax.Array):
         a = np.array(array)
         return Value(DeviceData(Shape(name_of(a.dtype), a.shape), handle=a))
-    # Unsharded data on one device carries no spec, as a tensor's first placement does: the
-    # program it meets places it over its own devices.
-    single = isinstance(array.sharding, jax.sharding.SingleDeviceSharding)
-    spec = None if single else ShardingSpec.from_jax(array.sharding, array.ndim)
     shape = Shape(name_of(array.dtype), tuple(array.shape))
     return Value(DeviceData(shape, handle=array, sharding=spec))
 
 
-def _rebind(t: LazyTensor, array) -> None:
-    value = _value_of(array)
+def _annotation(t: LazyTensor):
+    """The sharding spec ``t``'s data carries (None: placed by the programs that made it, not
+    annotated): a restored tensor carries the same, so that the programs it meets are those
+    the running state met."""
+    node = t._ir.node
+    return node.sharding if type(node) is DeviceData else t._where()
+
+
+def _replicated(shardings):
+    """Where the programs of a run put data that is not annotated: replicated over their
+    mesh. The one mesh of ``shardings`` (the placed tensors of a restore's state), or None
+    when they are on no mesh or on several."""
+    meshes = {s.mesh for s in shardings if isinstance(s, jax.sharding.NamedSharding)}
+    if len(meshes) != 1:
+        return None
+    return jax.sharding.NamedSharding(meshes.pop(), jax.sharding.PartitionSpec())
+
+
+def _or_default(sharding, default):
+    """``sharding``, unless it is none or one device's (data no program placed yet: host
+    data, or where ``to_lazy`` put it) and the state has a ``default`` placement."""
+    if default is not None and (
+        sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding)
+    ):
+        return default
+    return sharding
+
+
+def _rebind(t: LazyTensor, array, spec) -> None:
+    value = _value_of(array, spec)
     if isinstance(array, jax.Array):
         t._bind(value.node)
     else:
@@ -250,7 +359,7 @@ class CheckpointManager:
             self.directory,
             options=options,
             item_handlers={
-                "arrays": ocp.StandardCheckpointHandler(),
+                "arrays": ocp.PyTreeCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler(_META_FILE),
             },
         )
@@ -295,7 +404,7 @@ class CheckpointManager:
         ocp = self._ocp
         items = {"meta": ocp.args.JsonSave(meta)}
         if arrays:  # orbax refuses an empty tree: a state of plain values saves no arrays item
-            items["arrays"] = ocp.args.StandardSave(arrays)
+            items["arrays"] = ocp.args.PyTreeSave(arrays)
         try:
             self._mngr.save(step, args=ocp.args.Composite(**items), force=True)
         except Exception as e:
@@ -354,14 +463,19 @@ class CheckpointManager:
                 )
         _run_pending()
         arrays, meta = {}, {"plain": {}, "host": [], "optimizers": {}, "rng": _rng_state()}
+        specs = meta["specs"] = {}  # key -> the annotation its lazy tensor's data carries
+
+        def kind(key: str, t: torch.Tensor) -> None:
+            if not isinstance(t, LazyTensor):
+                meta["host"].append(key)
+            elif (spec := _annotation(t)) is not None:
+                specs[key] = _spec_json(spec)
+
         for name, part in state.items():
             if isinstance(part, torch.nn.Module):
                 arrays[name] = {k: _array_of(t) for k, t in part.state_dict().items()}
-                meta["host"] += [
-                    f"{name}/{k}"
-                    for k, t in part.state_dict().items()
-                    if not isinstance(t, LazyTensor)
-                ]
+                for k, t in part.state_dict().items():
+                    kind(f"{name}/{k}", t)
             elif isinstance(part, torch.optim.Optimizer):
                 sd = part.state_dict()
                 tensors, plain = {}, {}
@@ -369,8 +483,7 @@ class CheckpointManager:
                     for k, v in s.items():
                         if isinstance(v, torch.Tensor):
                             tensors.setdefault(str(i), {})[k] = _array_of(v)
-                            if not isinstance(v, LazyTensor):
-                                meta["host"].append(f"{name}/{i}/{k}")
+                            kind(f"{name}/{i}/{k}", v)
                         else:
                             plain.setdefault(str(i), {})[k] = _plain(v, f"{name!r} state {i} {k!r}")
                 arrays[name] = tensors
@@ -379,11 +492,11 @@ class CheckpointManager:
                     "groups": _plain(groups, f"{name!r} param_groups"),
                     "plain": plain,
                     "indices": sorted(int(i) for i in sd["state"]),
+                    "keys": {str(i): list(s) for i, s in sd["state"].items()},
                 }
             elif isinstance(part, torch.Tensor):
                 arrays[name] = {"": _array_of(part)}
-                if not isinstance(part, LazyTensor):
-                    meta["host"].append(f"{name}/")
+                kind(f"{name}/", part)
             else:
                 meta["plain"][name] = _plain(part, repr(name))
         return arrays, meta
@@ -418,13 +531,28 @@ class CheckpointManager:
             ) from e
         _run_pending()
         targets = self._targets(state, meta)
-        abstract = _check(targets, saved, set(meta["host"]))
+        default = _replicated(_placed(targets))
+        try:  # (absent from checkpoints written before annotations were saved)
+            specs = {k: _spec_of_json(v) for k, v in meta.get("specs", {}).items()}
+        except Exception as e:
+            raise CheckpointReadError(
+                f"checkpoint step {step}: the shardings in its meta file cannot be read "
+                f"({type(e).__name__}: {e}); restore another step ({steps})"
+            ) from e
+        abstract = _check(targets, saved, default, specs)
         restored = {}
         if abstract:  # (orbax refuses an empty tree, as in save_async)
             try:
-                restored = self._mngr.restore(
-                    step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract))
-                )["arrays"]
+                # What the state does not name is not read (a partial restore: the weights
+                # alone, from a checkpoint of a training run).
+                arrays = ocp.args.PyTreeRestore(
+                    abstract,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                    partial_restore=True,
+                )
+                restored = self._mngr.restore(step, args=ocp.args.Composite(arrays=arrays))[
+                    "arrays"
+                ]
             except Exception as e:
                 raise CheckpointReadError(
                     f"checkpoint {step} in {self.directory} cannot be read: {e}"
@@ -484,7 +612,7 @@ class CheckpointManager:
                     k: _Entry(own.get(k, t)) for k, t in part.state_dict(keep_vars=True).items()
                 }
             elif isinstance(part, torch.optim.Optimizer):
-                out[name] = _OptimizerTarget(part, meta["optimizers"], name)
+                out[name] = _OptimizerTarget(part, meta, name)
             elif isinstance(part, torch.Tensor):
                 out[name] = {"": _Entry(part)}
             elif name not in meta["plain"]:
@@ -497,13 +625,14 @@ class CheckpointManager:
 class _OptimizerTarget:
     """An optimizer's part of a restore: its state's entries are placed like their parameters."""
 
-    def __init__(self, opt, optimizers: dict, name):
+    def __init__(self, opt, meta: dict, name):
+        optimizers = meta["optimizers"]
         saved = optimizers.get(name)
         if saved is None:
             raise CheckpointKeyError(
                 f"the checkpoint has no optimizer {name!r}; it has {sorted(optimizers)}"
             )
-        self.opt, self.saved, self.name = opt, saved, name
+        self.opt, self.saved, self.name, self.host = opt, saved, name, set(meta["host"])
         params = [p for g in opt.param_groups for p in g["params"]]
         if len(saved["groups"]) != len(opt.param_groups) or any(
             len(s["params"]) != len(g["params"])
@@ -515,38 +644,79 @@ class _OptimizerTarget:
                 f"{[len(g['params']) for g in opt.param_groups]}"
             )
         self.params = params
-        self.placed: dict = {}  # (index, key) -> whether the restore places it (abstract())
+        self.placed: dict = {}  # (index, key) -> (placement, annotation) (abstract())
 
-    def abstract(self, saved_arrays, host: set) -> dict:
-        """The restore's tree for this optimizer's state: a host tensor when it was saved from
-        one (a CPU step count), else placed like its parameter when it has the parameter's
-        shape (moments), else on the default device (a capturable step count)."""
+    def shardings(self) -> list:
+        return [_sharding_of(p) for p in self.params if isinstance(p, LazyTensor)]
+
+    def abstract(self, saved_arrays, default, specs: dict) -> dict:
+        """The restore's tree for this optimizer's state, placed as the running state is
+        (``_placement``): a host tensor when it was saved from one (a CPU step count); else
+        as it was saved, on the same mesh; else with the parameter's shape (moments), placed
+        and annotated like its parameter, and other shapes (a capturable step count) as a
+        program leaves them, unannotated on the ``default`` placement."""
+        host = self.host
         tree = {}
         for i, keys in saved_arrays.items():
             p = self.params[int(i)]
             for k, m in keys.items():
-                sharding = None
-                if isinstance(p, LazyTensor) and tuple(m.shape) == tuple(p.shape):
-                    sharding = _sharding_of(p)
-                self.placed[(i, k)] = sharding is not None
+                sharding, spec = None, None
+                key = f"{self.name}/{i}/{k}"
+                if isinstance(p, LazyTensor) and key not in host:
+                    if tuple(m.shape) == tuple(p.shape):
+                        sharding, spec = _sharding_of(p), _annotation(p)
+                    sharding, spec = _placement(
+                        specs.get(key), p._spec, sharding, spec, default, len(m.shape)
+                    )
+                self.placed[(i, k)] = (sharding, spec)
                 tree.setdefault(i, {})[k] = _abstract(tuple(m.shape), m.dtype, sharding)
         return tree
 
     def load(self, arrays: dict, meta) -> None:
-        host = set(meta["host"])
+        """Load the restored state into the optimizer, each parameter's entries made in the
+        order the running optimizer made them (the saved ``keys``): a step's program lists
+        its results in the order their tensors were made, and a resumed run is to meet the
+        programs the uninterrupted one compiled."""
+        host = self.host
         sd = {"state": {}, "param_groups": _unplain(self.saved["groups"])}
         for i in self.saved["indices"]:
+            tensors, plain = arrays.get(str(i), {}), self.saved["plain"].get(str(i), {})
             s = {}
-            for k, a in arrays.get(str(i), {}).items():
+            for k in self.saved.get("keys", {}).get(str(i)) or [*tensors, *plain]:
+                if k in plain:
+                    s[k] = _unplain(plain[k])
+                    continue
+                a = tensors[k]
                 if f"{self.name}/{i}/{k}" in host:  # saved from a host tensor (a CPU step)
                     s[k] = host_tensor(np.asarray(a), name_of(np.asarray(a).dtype))
                 else:  # (host data where its parameter holds host data too)
-                    placed = self.placed.get((str(i), k), False)
-                    s[k] = LazyTensor(_value_of(a if placed else np.asarray(a)))
-            for k, v in self.saved["plain"].get(str(i), {}).items():
-                s[k] = _unplain(v)
+                    sharding, spec = self.placed.get((str(i), k), (None, None))
+                    s[k] = LazyTensor(_value_of(a if sharding else np.asarray(a), spec))
             sd["state"][i] = s
+        before = [dict(g) for g in self.opt.param_groups]
         self.opt.load_state_dict(sd)
+        _keep_hyperparameter_tensors(before, self.opt.param_groups)
+
+
+def _keep_hyperparameter_tensors(before: list, after: list) -> None:
+    """A hyperparameter held in a tensor (``lr=torch.tensor(1e-3)``) keeps its tensor, the
+    saved value copied in: torch's ``load_state_dict`` replaces it with the restored one, and
+    whoever holds the running one (a scheduler's caller, a compiled step's program input) would
+    be left with a tensor the optimizer no longer reads."""
+    with torch.no_grad():
+        for old, new in zip(before, after, strict=True):
+            for k, was in old.items():
+                now = new.get(k)
+                if (
+                    isinstance(was, torch.Tensor)
+                    and isinstance(now, torch.Tensor)
+                    and was is not now
+                    and was.shape == now.shape
+                    and was.dtype == now.dtype
+                    and type(was) is type(now)
+                ):
+                    was.copy_(now)
+                    new[k] = was
 
 
 def _meta_problem(meta) -> str | None:
@@ -570,7 +740,18 @@ def _meta_problem(meta) -> str | None:
     return next(filter(None, (problem(d, keys, where) for where, d, keys in inner)), None)
 
 
-def _check(targets: dict, saved, host: set) -> dict:
+def _placed(targets: dict) -> list:
+    """The placements of the lazy tensors of a restore's state (``_replicated``)."""
+    out = []
+    for part in targets.values():
+        if isinstance(part, _OptimizerTarget):
+            out += part.shardings()
+        elif isinstance(part, dict):
+            out += [e.sharding for e in part.values() if e.lazy]
+    return [s for s in out if s is not None]
+
+
+def _check(targets: dict, saved, default, specs: dict) -> dict:
     """The restore's abstract tree, after checking every key, shape and dtype against the
     checkpoint's; the first mismatch is named with both sides."""
     abstract = {}
@@ -581,7 +762,7 @@ def _check(targets: dict, saved, host: set) -> dict:
         if have is None:
             raise CheckpointKeyError(f"the checkpoint has no {name!r}; it has {sorted(saved)}")
         if isinstance(part, _OptimizerTarget):
-            abstract[name] = part.abstract(have, host)
+            abstract[name] = part.abstract(have, default, specs)
             continue
         missing = [k for k in part if k not in have]
         extra = [k for k in have if k not in part]
@@ -594,6 +775,7 @@ def _check(targets: dict, saved, host: set) -> dict:
             )
         tree = {}
         for k, entry in part.items():
+            entry.place(default, specs.get(f"{name}/{k}"))
             m = have[k]
             if tuple(m.shape) != entry.shape or str(np.dtype(m.dtype)) != entry.dtype:
                 raise CheckpointMismatchError(

@@ -98,6 +98,17 @@ class LazyTensor(torch.Tensor):
     def __reduce_ex__(self, protocol):
         return self.detach().cpu().__reduce_ex__(protocol)
 
+    def untyped_storage(self) -> LazyStorage:
+        """What stands for a storage on the lazy device, as on torch_xla's: no host memory,
+        but an identity shared by a tensor and its views and aliases, which is what callers
+        ask a storage for (safetensors and ``save_pretrained`` find tied weights by it)."""
+        return LazyStorage(self)
+
+    def data_ptr(self) -> int:
+        """The identity of the storage (``untyped_storage``): the same for a tensor and every
+        view and alias of it, never an address to read (a lazy tensor has none)."""
+        return LazyStorage(self).data_ptr()
+
     def tolist(self):
         """The value as (nested) Python numbers, read from the device (torch refuses
         ``tolist`` on tensor subclasses; an XLA tensor has it)."""
@@ -170,6 +181,28 @@ class LazyTensor(torch.Tensor):
         if placed is not None:
             return 2, placed
         return 1, REPLICATED
+
+
+class LazyStorage:
+    """``untyped_storage()`` of a lazy tensor: the tensor its views and aliases come from
+    (their root), standing for the memory they share. ``data_ptr()`` is that root's identity,
+    ``nbytes()`` its size; there are no bytes to read."""
+
+    __slots__ = ("_root",)
+    device = torch.device(DEVICE)
+
+    def __init__(self, t: LazyTensor):
+        while t._view is not None and (base := base_of(t._view[0])) is not None:
+            t = base
+        self._root = t
+
+    def data_ptr(self) -> int:
+        return id(self._root)
+
+    def nbytes(self) -> int:
+        return self._root.numel() * self._root.element_size()
+
+    size = nbytes  # (an untyped storage's size is in bytes)
 
 
 def wrap(value: Value) -> LazyTensor:
