@@ -872,3 +872,26 @@ def test_an_equal_hyperparameter_set_again_still_replays():
         step, lambda: step(x, y), lambda: opt.param_groups[0].update(lr=float("0.1"), nesterov=0)
     )
     assert counts == (0, 0) and failure is None
+
+
+def test_a_new_argument_signature_is_named_in_last_guard_failure():
+    lin = irt.to_lazy(torch.nn.Linear(4, 2))
+
+    @irt.compile_step
+    def step(x, scale):
+        return lin(x).sum() * scale
+
+    for _ in range(3):
+        step(irt.to_lazy(torch.ones(8, 4)), 2)
+    assert step.replaying and step.last_guard_failure is None
+    step(irt.to_lazy(torch.ones(16, 4)), 2)
+    assert step.last_guard_failure == (
+        "argument 0 was a lazy float32[8,4], now a lazy float32[16,4]: a new argument "
+        "signature, traced (and replayed once two of its calls agree)"
+    )
+    step(irt.to_lazy(torch.ones(16, 4)), 3)
+    assert step.last_guard_failure.startswith("argument 1 was 2, now 3: ")
+    step(torch.ones(16, 4), 3)
+    assert step.last_guard_failure.startswith(
+        "argument 0 was a lazy float32[16,4], now a host float32[16, 4]: "
+    )

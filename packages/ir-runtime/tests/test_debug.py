@@ -256,3 +256,24 @@ def test_outputs_that_come_and_go_and_a_tensor_passed_twice_are_named(debug, cap
     assert r.shape == (4,)
     mul = f"`aten::mul.Tensor` at {HERE}:{line_of('mul-line')}"
     assert f"{mul}: input 1 is another value now: data input 0" in err
+
+
+def test_a_steps_second_compile_is_said_to_read_the_state_its_first_made(debug, capsys):
+    """Not "the same tensor passed twice?": the first step made the optimizer's state, the
+    second reads it. Every line of the debugger's output stays short."""
+    torch.manual_seed(0)
+    model = irt.to_lazy(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)))
+    irt.mark_sharding(model[0].weight, MESH, ("model", None))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    for n in (8, 8, 8, 6):
+        model(irt.to_lazy(torch.ones(n, 4))).sum().backward()  # step-line
+        opt.step()
+        opt.zero_grad()
+        irt.mark_step()
+    err = capsys.readouterr().err
+    second, third = err.split("[ir_runtime] ")[1:3]
+    assert second.startswith("compile 2 ") and "a step's second" in second
+    assert "compile 1 made tensors that are inputs now (8 more: `aten::zeros_like" in second
+    assert "optimizer state" in second and "passed twice" not in second
+    assert "float32[8, 4], now float32[6, 4] (a partial last batch?" in third
+    assert max(map(len, err.splitlines())) <= 200, err

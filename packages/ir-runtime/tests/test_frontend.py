@@ -1,6 +1,8 @@
 """The PyTorch front end, op by op and feature by feature, against torch eager."""
 
 import copy
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -886,3 +888,29 @@ def test_out_arguments_record_their_functional_form_and_spectral_norm_equals_eag
     for _ in range(3):  # each training forward runs one power iteration, writing u and v
         torch.testing.assert_close(irt.to_torch(lazy(irt.to_lazy(x))), eager(x))
     torch.testing.assert_close(irt.to_torch(lazy.weight_u), eager.weight_u)
+
+
+def test_first_contact_a_module_moved_to_the_lazy_device_after_init_trains(tmp_path):
+    """In a fresh process, as a new user writes it: init, then .to("lazy") (the front end
+    installs itself), a step, and the values eager gives."""
+    script = tmp_path / "first.py"
+    script.write_text(
+        "import torch\n"
+        "import ir_runtime as irt\n"
+        "irt.init(cpu_devices=2)\n"
+        "torch.manual_seed(0)\n"
+        "eager = torch.nn.Linear(4, 2)\n"
+        "lazy = torch.nn.Linear(4, 2)\n"
+        "lazy.load_state_dict(eager.state_dict())\n"
+        "lazy = lazy.to('lazy')\n"
+        "x = torch.randn(3, 4)\n"
+        "for m, t in ((eager, x), (lazy, x.to('lazy'))):\n"
+        "    opt = torch.optim.SGD(m.parameters(), lr=0.5)\n"
+        "    m(t).square().sum().backward()\n"
+        "    opt.step()\n"
+        "print(type(lazy.weight).__name__, lazy.weight.device)\n"
+        "print(torch.allclose(lazy.weight.cpu(), eager.weight, atol=1e-6))\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["LazyTensor lazy:0", "True"]

@@ -150,8 +150,19 @@ def test_errors_come_in_order_naming_the_tensor_and_the_rule():
     mixed = [batches(1)[0], (torch.randn(6, 2),)]
     it = iter(irt.ShardedLoader(mixed, MESH, ("data", None)))
     assert torch.equal(irt.to_torch(next(it)[0]), batches(1)[0][0])
-    with pytest.raises(ShardingError, match=r"\(6, 2\)"):
+    with pytest.raises(ShardingError) as e:
         next(it)
+    # Which batch, which tensor, which axis, and the fix for a last batch.
+    assert str(e.value).startswith(
+        "partition spec ('data', None) splits dim 0 of batch 1 (the tensor (6, 2)) (size 6) "
+        "over 'data' into 4 blocks"
+    )
+    assert str(e.value).endswith(
+        "drop it (DataLoader(..., drop_last=True)) or pad it to a multiple of 4"
+    )
+    keyed = [{"ids": torch.zeros(6, 3, dtype=torch.long)}]
+    with pytest.raises(ShardingError, match=r"of batch 0 \('ids', the tensor \(6, 3\)\)"):
+        list(irt.ShardedLoader(keyed, MESH, {"ids": ("data", None)}))
 
 
 def test_leaving_the_loop_early_frees_the_batches_placed_ahead():

@@ -206,8 +206,13 @@ def test_check_even_names_the_dim_axes_and_blocks():
     assert str(e.value) == (
         "partition spec ('data', 'model') splits dim 0 of the tensor (6, 5) (size 6) over "
         "'data' into 4 blocks, and 6 is not a multiple of 4; split only dims that divide "
-        "evenly (pad the tensor, or shard another dim): uneven blocks are not supported"
+        "evenly (pad the tensor, or shard another dim): uneven blocks are not supported. "
+        "If dim 0 is a batch (the last batch of an epoch is smaller), drop it "
+        "(DataLoader(..., drop_last=True)) or pad it to a multiple of 4"
     )
+    with pytest.raises(ShardingError) as e:  # (a dim past the first is no batch)
+        spec.check_even((8, 5), "the tensor (8, 5)")
+    assert str(e.value).endswith("shard another dim): uneven blocks are not supported")
     spec.check_even((8, 2))  # even
     ShardingSpec.replicated(spec.mesh).check_even((3, 5, 7))  # fits any shape
     with pytest.raises(ShardingError, match="has 2 entries"):

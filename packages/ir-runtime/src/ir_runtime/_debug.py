@@ -164,22 +164,74 @@ def explain(old: Summary, new: Summary) -> str:
         f"{old.number} ({len(old.nodes)} nodes)"
     )
     lines = []
+    made = _state_made(old, new)
+    if made is not None:  # the expected second compile: say so, not what it looks like
+        head = f"compile {new.number} ({len(new.nodes)} nodes){_caller()}: a step's second"
+        lines = [
+            f"compile {old.number} made tensors that are inputs now ({made})",
+            "optimizer state, or other state a first step creates: expected once",
+        ]
+        return head + "".join(f"\n    {line}" for line in lines)
     roots = _roots_changed(old, new, diffs)
     if diffs:
         head += f" in {len(diffs)} node{'s' if len(diffs) != 1 else ''}; the first:"
         lines.append(diffs[0])
         if len(diffs) > 1:
-            lines.append(f"then {len(diffs) - 1} more, downstream of it or elsewhere; the next: ")
-            lines[-1] += diffs[1]
+            lines.append(f"then {len(diffs) - 1} more, downstream of it or elsewhere; the next:")
+            lines.append(diffs[1])
     if roots:
         lines.append(roots)
     for name in sorted(set(old.extra) | set(new.extra)):
         a, b = old.extra.get(name), new.extra.get(name)
         if a != b:
-            lines.append(f"{name} was {a}, now {b}")
+            lines.append(_extra_changed(name, a, b))
     if not lines:
         head += ": in nothing this debugger sees (a cache that was cleared, or a full cache)"
     return head + "".join(f"\n    {line}" for line in lines)
+
+
+# Ops that make a tensor of their own (zeros, a copy's shape): on a first step, optimizer
+# state (``exp_avg = torch.zeros_like(p)``), momentum buffers, a step count.
+_FACTORIES = {
+    "aten::zeros", "aten::zeros_like", "aten::ones", "aten::ones_like", "aten::full",
+    "aten::full_like", "aten::empty", "aten::empty_like", "aten::new_zeros", "aten::new_full",
+    "aten::new_empty", "aten::new_ones", "aten::scalar_tensor", "aten::clone",
+}  # fmt: skip
+
+
+def _state_made(old: Summary, new: Summary) -> str | None:
+    """Whether ``new`` reads as inputs what ``old`` made (a step's second compile, once the
+    first made the optimizer's state): it has more data inputs, and ``old`` had tensor-making
+    ops that ``new`` has fewer of. Then where they were made, in a few words; else None."""
+    inputs_old = sum(1 for rec in old.nodes if rec[0] == "device_data")
+    inputs_new = sum(1 for rec in new.nodes if rec[0] == "device_data")
+    if inputs_new <= inputs_old:
+        return None
+    gone = [
+        rec
+        for rec in old.nodes
+        if rec[0].split(".")[0] in _FACTORIES and old.count[_key(rec)] > new.count[_key(rec)]
+    ]
+    if not gone:
+        return None
+    more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+    return f"{inputs_new - inputs_old} more: {_name(gone[0])}{more}"
+
+
+_LONG = 100  # characters of a value beyond which a changed part of the key is summarized
+
+
+def _extra_changed(name: str, a, b) -> str:
+    """A line saying how a part of the program's key changed: in full when short; else, for
+    sequences, their lengths and the first element that differs."""
+    line = f"{name} was {a}, now {b}"
+    if len(line) <= 2 * _LONG or not (
+        isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))
+    ):
+        return line if len(line) <= 2 * _LONG else line[: 2 * _LONG] + " ..."
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    first = f"at {k}: {a[k] if k < len(a) else 'nothing'}, now {b[k] if k < len(b) else 'nothing'}"
+    return f"{name} changed ({len(a)} entries, now {len(b)}); the first difference is {first}"
 
 
 def _roots_changed(old: Summary, new: Summary, diffs) -> str | None:

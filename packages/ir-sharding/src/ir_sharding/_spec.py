@@ -326,11 +326,17 @@ class ShardingSpec(_ByBytes):
         for k, (d, t) in enumerate(zip(shape, self.tile_dims, strict=True)):
             if d % t:
                 axes = self.partition_spec[k]
+                batch = (
+                    f". If dim 0 is a batch (the last batch of an epoch is smaller), drop it "
+                    f"(DataLoader(..., drop_last=True)) or pad it to a multiple of {t}"
+                    if k == 0
+                    else ""
+                )
                 raise ShardingError(
                     f"partition spec {self.partition_spec!r} splits dim {k} of {what} "
                     f"(size {d}) over {axes!r} into {t} blocks, and {d} is not a multiple of "
                     f"{t}; split only dims that divide evenly (pad the tensor, or shard "
-                    f"another dim): uneven blocks are not supported"
+                    f"another dim): uneven blocks are not supported{batch}"
                 )
 
     # -- where the blocks are ---------------------------------------------------------------

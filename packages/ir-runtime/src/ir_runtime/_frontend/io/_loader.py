@@ -117,7 +117,9 @@ class ShardedLoader:
             entries = self.specs.get(key, ()) if isinstance(self.specs, dict) else self.specs
             spec = ShardingSpec(self.mesh, _fit(entries, t.dim(), key))
             self._specs[(key, t.dim())] = spec
-        return _Placed(place_local(t, spec), spec)
+        name = "" if key is None else f"{key!r}, "
+        what = f"batch {self.batches} ({name}the tensor {tuple(t.shape)})"
+        return _Placed(place_local(t, spec, what=what), spec)
 
 
 def _lazy(x, key):

@@ -105,16 +105,17 @@ def from_process_local(local, mesh: Mesh, partition_spec, global_shape=None) -> 
     return placed_tensor(place_local(local, spec, global_shape), spec, local.requires_grad)
 
 
-def place_local(local: torch.Tensor, spec: ShardingSpec, global_shape=None):
+def place_local(local: torch.Tensor, spec: ShardingSpec, global_shape=None, what=None):
     """This process's part ``local`` of a tensor sharded as ``spec``, placed: a global
-    ``jax.Array`` (each process passes its own rows). Touches no lazy tensor, so a loader's
-    thread may call it."""
-    spec.check_rank(local.dim(), f"the tensor {tuple(local.shape)}")
+    ``jax.Array`` (each process passes its own rows); ``what`` names it in errors. Touches no
+    lazy tensor, so a loader's thread may call it."""
+    what = what or f"the tensor {tuple(local.shape)}"
+    spec.check_rank(local.dim(), what)
     if global_shape is not None:
         global_shape = tuple(int(d) for d in global_shape)
         spec.check_even(global_shape, f"global_shape {global_shape}")
     elif spec.to_jax().is_fully_addressable:
-        spec.check_even(tuple(local.shape), f"the tensor {tuple(local.shape)}")
+        spec.check_even(tuple(local.shape), what)
     sharding = spec.to_jax()
     try:
         if sharding.is_fully_addressable and global_shape in (None, tuple(local.shape)):

@@ -100,16 +100,40 @@ def _data_nodes(leaves) -> list:
     return nodes
 
 
+def _new_signature(last: tuple, key: tuple) -> str:
+    """What differs between two argument keys (``leaf_key``s after the structure and grad
+    mode), as ``last_guard_failure`` says it."""
+    then = "a new argument signature, traced (and replayed once two of its calls agree)"
+    if last[0] != key[0] or len(last) != len(key):
+        return f"the arguments' structure changed: {then}"
+    if last[1] != key[1]:
+        return f"grad mode changed from {last[1]} to {key[1]}: {then}"
+    for k, (a, b) in enumerate(zip(last[2:], key[2:], strict=True)):
+        if a != b:
+            return f"argument {k} was {_leaf_text(a)}, now {_leaf_text(b)}: {then}"
+    return then  # (unreachable: the keys differ)
+
+
+def _leaf_text(leaf: tuple) -> str:
+    if leaf[0] is True and len(leaf) == 3:  # a lazy tensor: (True, Shape, requires_grad)
+        return f"a lazy {leaf[1]}" + (" requiring grad" if leaf[2] else "")
+    if len(leaf) == 4:  # a host tensor: (False, dims, dtype, requires_grad)
+        dtype = str(leaf[2]).removeprefix("torch.")
+        return f"a host {dtype}{list(leaf[1])}" + (" requiring grad" if leaf[3] else "")
+    return repr(leaf[1])  # a Python value: (type, value)
+
+
 class CompiledStep:
     """A step function traced on its first calls, then replayed (see ``compile_step``).
 
     ``replaying``: whether the last call's argument signature is replayed (False while its
     guards keep failing). ``reason``: why the last traced call could not be replayed (None when
-    it could). ``last_guard_failure``: why the
-    most recent replay was refused and the call traced instead, as the first guard of its
-    plan's table that failed says it in a line (``"optimizer SGD's lr changed from 0.1 to
-    0.05"``, ``"module Linear(...) switched to eval()"``); None until a guard fails. Each such
-    failure also counts ``StepGuardFailed`` in ``metrics()``.
+    it could). ``last_guard_failure``: why the most recent replay was refused and the call
+    traced instead, as the first guard of its plan's table that failed says it in a line
+    (``"optimizer SGD's lr changed from 0.1 to 0.05"``, ``"module Linear(...) switched to
+    eval()"``), or what differs from the replayed call before it when the arguments' signature
+    is new (``"argument 0 was float32[8, 4], now float32[16, 4]: ..."``); None until then.
+    Each guard failure also counts ``StepGuardFailed`` in ``metrics()``.
     """
 
     def __init__(self, fn):
@@ -151,8 +175,10 @@ class CompiledStep:
         else:  # the common case: positional tensors and values
             structure = flat(len(args))
         key = (structure, _grad_enabled(), *map(leaf_key, range(len(leaves)), leaves))
-        self._key = key
+        last, self._key = self._key, key
         plans = self._replay.get(key)
+        if plans is None and last is not None and last != key and last in self._last:
+            self.last_guard_failure = _new_signature(last, key)
         if plans is not None:
             if _profile.ACTIVE[0]:
                 with _profile.span("ir_runtime.replay"):
