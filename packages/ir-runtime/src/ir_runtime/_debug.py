@@ -222,16 +222,19 @@ _LONG = 100  # characters of a value beyond which a changed part of the key is s
 
 
 def _extra_changed(name: str, a, b) -> str:
-    """A line saying how a part of the program's key changed: in full when short; else, for
+    """A line saying how a part of the program's key changed: in full when short; for long
     sequences, their lengths and the first element that differs."""
     line = f"{name} was {a}, now {b}"
-    if len(line) <= 2 * _LONG or not (
-        isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))
-    ):
-        return line if len(line) <= 2 * _LONG else line[: 2 * _LONG] + " ..."
-    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    first = f"at {k}: {a[k] if k < len(a) else 'nothing'}, now {b[k] if k < len(b) else 'nothing'}"
-    return f"{name} changed ({len(a)} entries, now {len(b)}); the first difference is {first}"
+    if len(line) <= 2 * _LONG:
+        return line
+    if not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))):
+        return line[: 2 * _LONG] + " ..."
+    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if k is None:  # one is the other's beginning
+        k = min(len(a), len(b))
+    was = a[k] if k < len(a) else "nothing"
+    now = b[k] if k < len(b) else "nothing"
+    return f"{name} changed ({len(a)} entries, now {len(b)}); first at {k}: {was}, now {now}"
 
 
 def _roots_changed(old: Summary, new: Summary, diffs) -> str | None:
