@@ -1,0 +1,62 @@
+"""The READMEs' recipes run as written, against eager: a block marked with a comment naming
+this file is executed from the README itself, so the README cannot drift from what works."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+import ir_runtime as irt
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "<!-- The block below runs as integration_tests/test_readme_recipes.py"
+
+
+def block(readme: Path, title: str) -> str:
+    """The python block that follows this file's mark under the heading ``title``."""
+    text = readme.read_text()
+    section = text[text.index(f"### {title}\n") :]
+    after = section[section.index(MARK) :]
+    found = re.search(r"```python\n(.*?)\n```", after, re.S)
+    assert found, f"no python block after the mark in {readme}: {title}"
+    return found.group(1)
+
+
+def test_the_megatron_recipe_for_a_hugging_face_decoder_trains_as_eager():
+    code = block(
+        ROOT / "packages/ir-runtime/README.md", "Tensor parallelism for a Hugging Face decoder"
+    )
+    ns: dict = {"__name__": "readme"}
+    irt.reset_metrics()
+    exec(compile(code, "ir-runtime/README.md", "exec"), ns)
+    model, mesh = ns["model"], ns["mesh"]
+    layer = model.model.layers[0]
+    for p, spec in (
+        (layer.self_attn.q_proj.weight, ("model", None)),
+        (layer.self_attn.o_proj.weight, (None, "model")),
+        (layer.mlp.up_proj.weight, ("model", None)),
+        (layer.mlp.down_proj.weight, (None, "model")),
+        (model.model.embed_tokens.weight, ("model", None)),
+        (model.lm_head.weight, ("model", None)),
+    ):
+        assert p._spec.partition_spec == spec and p._spec.mesh == mesh
+    assert layer.input_layernorm.weight._spec is None
+    assert ns["train_step"].replaying
+    c = irt.metrics()["counters"]
+    assert c["StepReplay"] >= len(ns["batches"]) - 3 and c["CompileCount"] <= 2
+
+    torch.manual_seed(0)
+    eager = transformers.LlamaForCausalLM(ns["config"])
+    opt = torch.optim.AdamW(eager.parameters(), lr=3e-3)
+    sched = transformers.get_cosine_schedule_with_warmup(opt, 2, 8)
+    want = []
+    for ids in ns["batches"]:
+        loss = eager(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    np.testing.assert_allclose(ns["losses"], want, rtol=1e-5, atol=1e-6)
