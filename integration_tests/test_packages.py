@@ -33,3 +33,37 @@ def test_ir_core_imports_no_numpy_jax_or_torch():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_readmes_install_commands_are_what_this_suite_runs_on():
+    """The top README's pip commands install the packages from their paths in dependency
+    order, with the pins this session installed; the versions it names as tested are the
+    ones installed here."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Installing the packages into your own environment") :]
+    commands = re.search(r"```sh\n(.*?)\n```", section, re.S).group(1).splitlines()
+    assert commands[0] == f"python3 -m pip install torch=={version('torch').split('+')[0]}"
+    paths = commands[1].split("install ", 1)[1].replace("'", "").split()
+    assert paths == [
+        "./packages/ir-core",
+        "./packages/ir-sharding",
+        "./packages/ir-runtime[checkpoint]",
+    ]
+    root = Path(__file__).resolve().parents[1]
+    assert all((root / p.split("[")[0]).is_dir() for p in paths)
+    transformers = Requirement(re.search(r"'(transformers[^']*)'", commands[2]).group(1))
+    assert version("transformers") in transformers.specifier
+    tested = section[section.index("Tested together:") :].split(".\n")[0].replace("\n", " ")
+    for name, shown in (
+        ("torch", "torch"),
+        ("jax", "jax and jaxlib"),
+        ("jaxlib", "jax and jaxlib"),
+        ("orbax-checkpoint", "orbax-checkpoint"),
+    ):
+        assert f"{shown} {version(name).split('+')[0]}" in tested, (name, tested)
+    minor = ".".join(version("transformers").split(".")[:2])
+    assert f"transformers {minor}" in tested
+    assert f"Python {sys.version_info.major}.{sys.version_info.minor}" in tested
