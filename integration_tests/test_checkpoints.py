@@ -557,5 +557,59 @@ def test_tensors_inside_plain_values_and_tensor_hyperparameters_round_trip(tmp_p
         sched2.step(), sched.step()
         assert train(m2, opt2, k) == train(m, opt, k)
 
+    # A number saved, a tensor running: the optimizer keeps its tensor, the number in it.
+    floats = torch.optim.AdamW(m.parameters(), lr=0.25, capturable=True)
+    train(m, floats, 9)
+    ckpt.save(7, {"model": m, "optim": floats})
+    m3 = placed("fsdp-4x2", seed=2)
+    lr3 = torch.tensor(0.5)
+    opt3 = torch.optim.AdamW(m3.parameters(), lr=lr3, capturable=True)
+    ckpt.restore(7, {"model": m3, "optim": opt3})
+    assert opt3.param_groups[0]["lr"] is lr3 and lr3.item() == 0.25
+
     with pytest.raises(irt.CheckpointStateError, match=r"'big'\[0\] is a tensor of 5000 elements"):
         ckpt.save(4, {"big": [torch.zeros(5000)]})
+
+
+def test_a_checkpoint_from_8_devices_restores_on_4(tmp_path):
+    """The annotations saved with it name devices this run lacks: they apply only on the mesh
+    it was saved from, and are not looked up otherwise."""
+    import subprocess
+    import sys
+
+    m = placed("megatron-2x4")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, capturable=True)
+    train(m, opt, 0)
+    irt.CheckpointManager(tmp_path / "ckpt").save(1, {"model": m, "optim": opt})
+    want = {k: irt.to_torch(v).numpy() for k, v in m.state_dict().items()}
+    np.savez(tmp_path / "want.npz", **want)
+    script = tmp_path / "restore4.py"
+    script.write_text(
+        "import sys\n"
+        "import numpy as np\n"
+        "import torch\n"
+        "import ir_runtime as irt\n"
+        "irt.init(cpu_devices=4)\n"
+        "mesh = irt.Mesh(np.arange(4), (2, 2), ('data', 'model'))\n"
+        "torch.manual_seed(3)\n"
+        "m = irt.to_lazy(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),\n"
+        "    torch.nn.Dropout(0.0), torch.nn.Linear(32, 8)))\n"
+        "irt.mark_sharding(m[0].weight, mesh, ('model', None))\n"
+        "opt = torch.optim.AdamW(m.parameters(), lr=1e-2, capturable=True)\n"
+        "irt.CheckpointManager(sys.argv[1]).restore(1, {'model': m, 'optim': opt})\n"
+        "want = np.load(sys.argv[2])\n"
+        "for k, v in m.state_dict().items():\n"
+        "    np.testing.assert_array_equal(irt.to_torch(v).numpy(), want[k])\n"
+        "m(irt.to_lazy(torch.ones(4, 16))).sum().backward()\n"
+        "opt.step()\n"
+        "irt.mark_step()\n"
+        "print('restored on', len(irt.devices()))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt"), str(tmp_path / "want.npz")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "restored on 4"

@@ -1,27 +1,34 @@
 """``CheckpointManager``: sharded checkpoints of a training run, saved and restored with orbax.
 
 A checkpoint is an orbax ``CheckpointManager`` step directory with two items: ``arrays`` (every
-tensor, as orbax's standard pytree of arrays: each process writes only the shards it holds,
-nothing is gathered to one host; absent when the state holds no tensor) and ``meta`` (JSON:
-plain Python values, optimizer hyperparameters, which tensors were host tensors, the random
-streams). orbax writes a step into a temporary directory and renames it when complete, so a
-process killed during a save leaves the earlier checkpoints as they were and no partial one
-listed; ``max_to_keep`` deletes the oldest only once the newest is complete, and moves it out
-of the listed names (one rename, into ``deleting/``) before removing its files, so a process
-killed while deleting leaves no partial one listed either (``_remove_deleted``).
+tensor, as orbax's pytree of arrays: each process writes only the shards it holds, nothing is
+gathered to one host; absent when the state holds no tensor) and ``meta`` (JSON: plain Python
+values and the small tensors inside them, optimizer hyperparameters and the order each
+parameter's state was made in, which tensors were host tensors, the sharding annotation each
+lazy tensor carried, the random streams). orbax writes a step into a temporary directory and
+renames it when complete, so a process killed during a save leaves the earlier checkpoints as
+they were and no partial one listed; ``max_to_keep`` deletes the oldest only once the newest
+is complete, and moves it out of the listed names (one rename, into ``deleting/``) before
+removing its files, so a process killed while deleting leaves no partial one listed either
+(``_remove_deleted``).
 
 What a state holds (a mapping of names to): modules (their ``state_dict``), optimizers (their
-``state_dict``: per-parameter state and the parameter groups' hyperparameters), tensors (lazy
-or host), and plain values (None, bool, int, float, str, and lists, tuples and dicts of them).
+``state_dict``: per-parameter state and the parameter groups' hyperparameters, tensors among
+them), tensors (lazy or host), and plain values (None, bool, int, float, str, and lists, tuples
+and dicts of them, with small tensors inside: a scheduler's ``state_dict()``).
 The lazy random stream and torch's CPU generator are saved with every checkpoint and restored
 with it, so dropout after a resume draws what an uninterrupted run would.
 
-Restoring reads each array straight into the placement its tensor has now (its sharding, or
-the sharding of the parameter an optimizer state belongs to), whatever the layout it was saved
-from: another mesh, another process count, sharded or replicated. Everything is checked before
-anything is assigned: a key, shape or dtype that does not match is named, with both sides, and
-nothing changes; a ``meta`` file that is missing, not JSON or not shaped as written is named with
-its step and path (``CheckpointReadError``).
+Restoring reads only what the state names (the weights alone, from a training run's
+checkpoint), each array straight into its placement, whatever the layout it was saved from:
+another mesh, another process count, sharded or replicated. The placement is what the running
+state had (``_placement``): the target's own annotation (an optimizer state, its parameter's),
+else, on the mesh it was saved from, the annotation it was saved with, else replicated over the
+state's mesh as a program leaves unannotated data; so a resumed compiled step meets the
+programs the uninterrupted one compiled. Everything is checked before anything is assigned: a
+key, shape or dtype that does not match is named, with both sides, and nothing changes; a
+``meta`` file that is missing, not JSON or not shaped as written is named with its step and
+path (``CheckpointReadError``).
 
 A save that fails in the background (``save_async``: a full disk, a lost mount) is reported
 once, as ``CheckpointSaveError`` naming the step, by whichever comes first of ``join()`` and the
@@ -69,7 +76,9 @@ _META_FILE = "metadata"  # the ``meta`` item's file in its step directory
 _SMALL = 4096  # elements of a tensor inside a plain value, kept in ``meta`` (_small_tensor)
 _DELETING = "deleting"  # where max_to_keep's steps wait for removal (``_remove_deleted``)
 
-# What ``_snapshot`` writes into ``meta``, as ``restore`` reads it back: key -> JSON type.
+# What ``_snapshot`` writes into ``meta``, as ``restore`` reads it back: key -> JSON type. Also,
+# absent from checkpoints written before them: "specs" (key -> a sharding annotation) and, per
+# optimizer, "keys" (parameter index -> the order its state was made in).
 _META = {"plain": dict, "host": list, "optimizers": dict, "rng": dict}
 _META_RNG = {"seed": int, "step": int, "offset": int, "torch": list}
 _META_OPTIMIZER = {"groups": list, "plain": dict, "indices": list}
@@ -208,17 +217,19 @@ def _placement(saved, user, sharding, spec, default, ndim: int) -> tuple:
     """``(placement, annotation)`` of a restored lazy tensor: as the running state had it.
     What the user annotated on the target is kept (a restore into another layout); else the
     annotation the saved tensor carried (a program's result: its sharding, as XLA chose it),
-    where the state is on the mesh it was saved from; else the target's own placement, data
-    no program placed yet (``_or_default``) going where the programs would put it."""
+    where the state is on the mesh it was saved from (compared as meshes, before any jax
+    device is looked up: a checkpoint from more devices names some this run lacks); else the
+    target's own placement, data no program placed yet (``_or_default``) going where the
+    programs would put it."""
     if (
         user is None
         and saved is not None
         and default is not None
         and saved.rank in (None, ndim)
-        and saved.to_jax().mesh == default.mesh
+        and saved.mesh == default.mesh
     ):
         return saved.to_jax(), saved
-    return _or_default(sharding, default), spec
+    return _or_default(sharding, spec, default), spec
 
 
 def _spec_json(spec: ShardingSpec) -> dict:
@@ -272,23 +283,36 @@ def _annotation(t: LazyTensor):
     return node.sharding if type(node) is DeviceData else t._where()
 
 
-def _replicated(shardings):
-    """Where the programs of a run put data that is not annotated: replicated over their
-    mesh. The one mesh of ``shardings`` (the placed tensors of a restore's state), or None
-    when they are on no mesh or on several."""
+class _Default:
+    """Where the programs of a run put data that is not annotated: ``sharding``, replicated
+    over their ``mesh`` (ir-sharding's)."""
+
+    __slots__ = ("mesh", "sharding")
+
+    def __init__(self, mesh: jax.sharding.Mesh):
+        self.sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        self.mesh = ShardingSpec.from_jax(self.sharding, 0).mesh
+
+
+def _replicated(shardings) -> _Default | None:
+    """The ``_Default`` of the one mesh of ``shardings`` (the placed tensors of a restore's
+    state), or None when they are on no mesh or on several."""
     meshes = {s.mesh for s in shardings if isinstance(s, jax.sharding.NamedSharding)}
     if len(meshes) != 1:
         return None
-    return jax.sharding.NamedSharding(meshes.pop(), jax.sharding.PartitionSpec())
+    return _Default(meshes.pop())
 
 
-def _or_default(sharding, default):
-    """``sharding``, unless it is none or one device's (data no program placed yet: host
-    data, or where ``to_lazy`` put it) and the state has a ``default`` placement."""
-    if default is not None and (
-        sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding)
+def _or_default(sharding, spec, default):
+    """``sharding``, unless its tensor is not annotated (``spec`` None), its data is on no
+    device or on one (data no program placed yet: host data, or where ``to_lazy`` put it)
+    and the state has a ``default`` placement: then that one."""
+    if (
+        default is not None
+        and spec is None
+        and (sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding))
     ):
-        return default
+        return default.sharding
     return sharding
 
 
@@ -504,10 +528,11 @@ class CheckpointManager:
     # -- restoring -------------------------------------------------------------------------
 
     def restore(self, step, state) -> int:
-        """Restore ``step`` (None: the latest) into ``state`` (as ``save`` took it): tensors
-        rebound to the saved data placed as each is now, optimizers loaded, plain values
-        written back into ``state``. Returns the step. A save still running is waited for
-        first (and its failure raised: class docstring)."""
+        """Restore ``step`` (None: the latest) into ``state`` (as ``save`` took it, or a part
+        of it): tensors rebound to the saved data placed as the running state had it (module
+        docstring), optimizers loaded, plain values written back into ``state``. Returns the
+        step. A save still running is waited for first (and its failure raised: class
+        docstring)."""
         self.join()
         steps = self.all_steps()
         if step is None:
@@ -623,7 +648,8 @@ class CheckpointManager:
 
 
 class _OptimizerTarget:
-    """An optimizer's part of a restore: its state's entries are placed like their parameters."""
+    """An optimizer's part of a restore: its state's entries placed as the running state's are
+    (``abstract``), made in the order the running optimizer made them (``load``)."""
 
     def __init__(self, opt, meta: dict, name):
         optimizers = meta["optimizers"]
@@ -649,12 +675,28 @@ class _OptimizerTarget:
     def shardings(self) -> list:
         return [_sharding_of(p) for p in self.params if isinstance(p, LazyTensor)]
 
+    def _check_keys(self, saved_arrays) -> None:
+        """The saved order of each parameter's state names exactly what was saved: a damaged
+        meta file is named here, before anything is assigned."""
+        keys = self.saved.get("keys", {})  # (absent from checkpoints written before it)
+        plain = self.saved["plain"]
+        for i in self.saved["indices"]:
+            order = keys.get(str(i)) if isinstance(keys, dict) else keys
+            have = {*saved_arrays.get(str(i), {}), *plain.get(str(i), {})}
+            if order is not None and (not isinstance(order, list) or set(order) != have):
+                raise CheckpointReadError(
+                    f"optimizer {self.name!r}: the meta file's state keys of parameter {i} "
+                    f"are {order!r}, its saved state {sorted(have)}: the meta file is not what "
+                    f"save writes"
+                )
+
     def abstract(self, saved_arrays, default, specs: dict) -> dict:
         """The restore's tree for this optimizer's state, placed as the running state is
         (``_placement``): a host tensor when it was saved from one (a CPU step count); else
         as it was saved, on the same mesh; else with the parameter's shape (moments), placed
         and annotated like its parameter, and other shapes (a capturable step count) as a
         program leaves them, unannotated on the ``default`` placement."""
+        self._check_keys(saved_arrays)
         host = self.host
         tree = {}
         for i, keys in saved_arrays.items():
@@ -682,7 +724,7 @@ class _OptimizerTarget:
         for i in self.saved["indices"]:
             tensors, plain = arrays.get(str(i), {}), self.saved["plain"].get(str(i), {})
             s = {}
-            for k in self.saved.get("keys", {}).get(str(i)) or [*tensors, *plain]:
+            for k in self.saved.get("keys", {}).get(str(i)) or [*tensors, *plain]:  # (checked)
                 if k in plain:
                     s[k] = _unplain(plain[k])
                     continue
@@ -707,16 +749,22 @@ def _keep_hyperparameter_tensors(before: list, after: list) -> None:
         for old, new in zip(before, after, strict=True):
             for k, was in old.items():
                 now = new.get(k)
-                if (
-                    isinstance(was, torch.Tensor)
-                    and isinstance(now, torch.Tensor)
-                    and was is not now
+                if not isinstance(was, torch.Tensor) or was is now:
+                    continue
+                if isinstance(now, (int, float)) and not isinstance(now, bool):
+                    was.fill_(now)  # (saved from a run that held the value in a number)
+                elif not (
+                    isinstance(now, torch.Tensor)
                     and was.shape == now.shape
                     and was.dtype == now.dtype
                     and type(was) is type(now)
                 ):
+                    continue
+                elif type(was) is LazyTensor:
+                    was._set(now._ir)  # (its value, with no op recorded)
+                else:
                     was.copy_(now)
-                    new[k] = was
+                new[k] = was
 
 
 def _meta_problem(meta) -> str | None:

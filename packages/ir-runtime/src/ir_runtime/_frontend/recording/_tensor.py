@@ -17,6 +17,7 @@ result lands.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 
 import torch
@@ -99,15 +100,25 @@ class LazyTensor(torch.Tensor):
         return self.detach().cpu().__reduce_ex__(protocol)
 
     def untyped_storage(self) -> LazyStorage:
-        """What stands for a storage on the lazy device, as on torch_xla's: no host memory,
-        but an identity shared by a tensor and its views and aliases, which is what callers
-        ask a storage for (safetensors and ``save_pretrained`` find tied weights by it)."""
+        """What stands for a storage on the lazy device: no host memory, but an identity
+        shared by a tensor and its aliases, which is what callers ask a storage for
+        (safetensors and ``save_pretrained`` find tied weights by it)."""
         return LazyStorage(self)
 
     def data_ptr(self) -> int:
-        """The identity of the storage (``untyped_storage``): the same for a tensor and every
-        view and alias of it, never an address to read (a lazy tensor has none)."""
+        """The identity of the storage (``untyped_storage``): the same for a tensor and its
+        aliases, never an address to read (a lazy tensor has none)."""
         return LazyStorage(self).data_ptr()
+
+    def is_shared(self) -> bool:
+        """Lazy data is in no shared host memory."""
+        return False
+
+    def share_memory_(self):
+        raise RuntimeError(
+            f"a tensor on the {DEVICE} device has no host memory to share: share_memory_() "
+            f"(and Module.share_memory()) apply to CPU tensors; move it with .cpu() first"
+        )
 
     def tolist(self):
         """The value as (nested) Python numbers, read from the device (torch refuses
@@ -183,21 +194,33 @@ class LazyTensor(torch.Tensor):
         return 1, REPLICATED
 
 
+_STORAGE_KEYS = itertools.count(1 << 60)  # above any address: never a real pointer's value
+
+
 class LazyStorage:
-    """``untyped_storage()`` of a lazy tensor: the tensor its views and aliases come from
-    (their root), standing for the memory they share. ``data_ptr()`` is that root's identity,
-    ``nbytes()`` its size; there are no bytes to read."""
+    """``untyped_storage()`` of a lazy tensor: the tensor its aliases come from (``detach()``,
+    ``.data``, a ``Parameter`` made of it: their root), standing for the memory they share.
+    ``data_ptr()`` is that root's key, made once and never reused (an address could be, once
+    its tensor is gone); ``nbytes()`` its size; there are no bytes to read. A view that is not
+    an alias (a slice, a reshape) is a storage of its own: callers that find shared tensors by
+    it (to save each once) then save it whole, never take one slice for another."""
 
     __slots__ = ("_root",)
     device = torch.device(DEVICE)
 
     def __init__(self, t: LazyTensor):
-        while t._view is not None and (base := base_of(t._view[0])) is not None:
+        while t._view is not None and t._view[1] is None:  # (an alias: no view op)
+            base = base_of(t._view[0])
+            if base is None:
+                break
             t = base
         self._root = t
 
     def data_ptr(self) -> int:
-        return id(self._root)
+        key = self._root.__dict__.get("_storage_key")
+        if key is None:
+            key = self._root.__dict__["_storage_key"] = next(_STORAGE_KEYS)
+        return key
 
     def nbytes(self) -> int:
         return self._root.numel() * self._root.element_size()

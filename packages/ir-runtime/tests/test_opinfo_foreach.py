@@ -1,0 +1,68 @@
+"""torch's foreach OpInfo databases (``foreach_*_op_db``: the ``torch._foreach_*`` ops optimizers
+call with ``foreach=True``) through the lazy device, against eager on the CPU, as
+``test_opinfo.py`` runs ``op_db``: each op's values and input gradients (``opinfo.check``), and
+its in-place variant, which is what an optimizer calls: the tensors it writes hold eager's
+values, and a call eager refuses is refused. No op is a known failure."""
+
+from __future__ import annotations
+
+import opinfo
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import (
+    foreach_binary_op_db,
+    foreach_other_op_db,
+    foreach_pointwise_op_db,
+    foreach_reduce_op_db,
+    foreach_unary_op_db,
+)
+from torch.utils._pytree import tree_map
+
+import ir_runtime as irt
+
+DBS = (
+    foreach_unary_op_db,
+    foreach_binary_op_db,
+    foreach_pointwise_op_db,
+    foreach_reduce_op_db,
+    foreach_other_op_db,
+)
+OPS = [op for db in DBS for op in db if opinfo.DTYPE in op.supported_dtypes("cpu")]
+IN_PLACE = [op for op in OPS if op.inplace_variant is not None]
+
+
+def test_the_databases_are_all_here():
+    assert len(OPS) == 48 and len(IN_PLACE) == 44  # (torch 2.13's; fails loudly if they move)
+
+
+@pytest.mark.parametrize("op", OPS, ids=opinfo.op_id)
+def test_foreach_op_matches_eager(op):
+    opinfo.judge(opinfo.op_id(op), opinfo.check(op, None), None, "no list")
+
+
+def _copies(sample, convert):
+    def copy(t):
+        return convert(t.detach().clone()) if isinstance(t, torch.Tensor) else t
+
+    return tree_map(copy, (sample.input, sample.args, sample.kwargs))
+
+
+@pytest.mark.parametrize("op", IN_PLACE, ids=opinfo.op_id)
+def test_foreach_op_in_place_writes_eagers_values(op):
+    for sample in opinfo.samples_of(op, None, requires_grad=False):
+        (x, args, kwargs), (lx, largs, lkwargs) = (
+            _copies(sample, lambda t: t),
+            _copies(sample, irt.to_lazy),
+        )
+        try:
+            op.inplace_variant(x, *args, **kwargs)
+        except Exception as eager_error:  # eager refuses it: so must the lazy device
+            with pytest.raises(Exception) as e:
+                op.inplace_variant(lx, *largs, **lkwargs)
+                irt.mark_step()
+            assert type(e.value) is not AssertionError, eager_error
+            continue
+        op.inplace_variant(lx, *largs, **lkwargs)
+        got = [irt.to_torch(t) for t in lx]
+        (rtol, atol), _ = opinfo.tolerances(op, opinfo.DTYPE)
+        assert opinfo._same(got, x, rtol, atol, f"{op.name}_ written") is None
