@@ -101,14 +101,16 @@ class LazyTensor(torch.Tensor):
 
     def untyped_storage(self) -> LazyStorage:
         """What stands for a storage on the lazy device: no host memory, but an identity
-        shared by a tensor and its aliases, which is what callers ask a storage for
+        shared by a tensor and its views and aliases, which is what callers ask a storage for
         (safetensors and ``save_pretrained`` find tied weights by it)."""
         return LazyStorage(self)
 
     def data_ptr(self) -> int:
-        """The identity of the storage (``untyped_storage``): the same for a tensor and its
-        aliases, never an address to read (a lazy tensor has none)."""
-        return LazyStorage(self).data_ptr()
+        """Where the tensor starts in its storage (``untyped_storage``), as a number to
+        compare, never an address to read (a lazy tensor has none): the storage's key plus
+        the offset, in bytes, that torch gives the same views of a contiguous tensor."""
+        storage = LazyStorage(self)
+        return storage.data_ptr() + storage.offset * self.element_size()
 
     def is_shared(self) -> bool:
         """Lazy data is in no shared host memory."""
@@ -198,23 +200,33 @@ _STORAGE_KEYS = itertools.count(1 << 60)  # above any address: never a real poin
 
 
 class LazyStorage:
-    """``untyped_storage()`` of a lazy tensor: the tensor its aliases come from (``detach()``,
-    ``.data``, a ``Parameter`` made of it: their root), standing for the memory they share.
-    ``data_ptr()`` is that root's key, made once and never reused (an address could be, once
-    its tensor is gone); ``nbytes()`` its size; there are no bytes to read. A view that is not
-    an alias (a slice, a reshape) is a storage of its own: callers that find shared tensors by
-    it (to save each once) then save it whole, never take one slice for another."""
+    """``untyped_storage()`` of a lazy tensor: the tensor its views and aliases come from
+    (their root), standing for the memory they share. ``data_ptr()`` is that root's key, made
+    once and never reused (an address could be, once its tensor is gone); ``nbytes()`` its
+    size; there are no bytes to read. ``offset``: where the tensor it was asked of starts, in
+    elements, as torch places that view in a contiguous root (the view ops replayed on a meta
+    tensor), so slices of one tensor are told apart and a tensor is told from its aliases."""
 
-    __slots__ = ("_root",)
+    __slots__ = ("_root", "offset")
     device = torch.device(DEVICE)
 
     def __init__(self, t: LazyTensor):
-        while t._view is not None and t._view[1] is None:  # (an alias: no view op)
+        chain, asked = [], t
+        while t._view is not None:
             base = base_of(t._view[0])
-            if base is None:
+            if base is None:  # (an alias of a tensor gone: it is its own root)
                 break
+            chain.append(t._view)
             t = base
-        self._root = t
+        try:
+            meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+            for _, op, rest, kwargs in reversed(chain):
+                if op is not None:  # (None: an alias)
+                    meta = op(meta, *rest, **kwargs)
+        except Exception:  # a view op meta tensors lack: a storage of its own, saved whole
+            self._root, self.offset = asked, 0
+            return
+        self._root, self.offset = t, meta.storage_offset()
 
     def data_ptr(self) -> int:
         key = self._root.__dict__.get("_storage_key")
