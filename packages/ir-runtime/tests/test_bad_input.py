@@ -46,7 +46,9 @@ def before():
 UNEVEN = (
     "partition spec ('data', 'model') splits dim 0 of the tensor (6, 5) (size 6) over 'data' "
     "into 4 blocks, and 6 is not a multiple of 4; split only dims that divide evenly (pad the "
-    "tensor, or shard another dim): uneven blocks are not supported"
+    "tensor, or shard another dim): uneven blocks are not supported. If dim 0 is a batch (the "
+    "last batch of an epoch is smaller), drop it (DataLoader(..., drop_last=True)) or pad it to "
+    "a multiple of 4"
 )
 
 
