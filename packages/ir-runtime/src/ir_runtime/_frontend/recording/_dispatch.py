@@ -215,8 +215,8 @@ def _foreach(func, args, kwargs):
             item = v[i] if isinstance(v, (list, tuple)) else v
             if arg in ("alpha", "value") or (arg in ("scalars", "scalar") and "addc" in name):
                 keywords["value" if arg.startswith("scalar") else arg] = item
-            elif arg == "ord" and name == "norm":
-                keywords["ord"] = item
+            elif arg in ("ord", "dtype") and name == "norm":
+                keywords[arg] = item
             elif item is not None or arg == "self":
                 positional.append(item)
         if name == "norm":

@@ -139,6 +139,32 @@ _NO_META = {
 }
 
 
+def _is_bool(v) -> bool:
+    return v.dtype == torch.bool if isinstance(v, torch.Tensor) else isinstance(v, bool)
+
+
+def _subtraction(self, other, *rest, **kwargs):
+    """torch's ``sub_check``, which its CPU kernel runs and its meta kernel skips for a number
+    ``other``: a bool operand is refused, with eager's message."""
+    if _is_bool(self) and _is_bool(other):
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` "
+            "or `logical_xor()` operator instead."
+        )
+    if _is_bool(self) or _is_bool(other):
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are "
+            "trying to invert a mask, use the `~` or `logical_not()` operator instead."
+        )
+
+
+# Eager's checks of an op's arguments that its meta kernel lacks: run before it.
+_CHECKS = {
+    f: _subtraction
+    for f in (_aten.sub.Tensor, _aten.sub.Scalar, _aten.rsub.Tensor, _aten.rsub.Scalar)
+}
+
+
 def _meta_arg(v):
     if isinstance(v, torch.Tensor):
         return torch.empty(v.shape, dtype=v.dtype, device="meta")
@@ -153,6 +179,9 @@ def infer(func, key, args, kwargs):
     hit = MEMO.get(key)
     if hit is not None:
         return hit
+    check = _CHECKS.get(func)
+    if check is not None:
+        check(*args, **kwargs)
     meta_kwargs = {k: _meta_arg(v) for k, v in kwargs.items()}
     if "device" in meta_kwargs:  # a factory: build it on meta, not on the lazy device again
         meta_kwargs["device"] = "meta"
