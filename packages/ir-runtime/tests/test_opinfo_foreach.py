@@ -1,8 +1,9 @@
 """torch's foreach OpInfo databases (``foreach_*_op_db``: the ``torch._foreach_*`` ops optimizers
 call with ``foreach=True``) through the lazy device, against eager on the CPU, as
-``test_opinfo.py`` runs ``op_db``: each op's values and input gradients (``opinfo.check``), and
-its in-place variant, which is what an optimizer calls: the tensors it writes hold eager's
-values, and a call eager refuses is refused. No op is a known failure."""
+``test_opinfo.py`` runs ``op_db``: each op's values and input gradients, and its in-place
+variant, which is what an optimizer calls: the tensors it writes hold eager's values, and a call
+eager refuses is refused (a sample whose gradient eager's own autograd cannot compute, a 0-d
+tensor operand, is compared by its values). No op is a known failure."""
 
 from __future__ import annotations
 
