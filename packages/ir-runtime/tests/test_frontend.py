@@ -924,3 +924,16 @@ def test_first_contact_a_module_moved_to_the_lazy_device_after_init_trains(tmp_p
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["LazyTensor lazy:0", "True"]
+
+
+def test_a_subtraction_with_a_bool_operand_is_refused_as_eager_refuses_it():
+    """torch's sub_check, which its meta kernel skips for a number operand: at the call."""
+    b, f = torch.tensor([True, False]), torch.tensor([1.0, 2.0])
+    for x, y in ((b, b), (b, True), (f, True), (b, 1), (b, 1.5)):
+        for op in (torch.sub, torch.rsub):
+            with pytest.raises(RuntimeError) as eager:
+                op(x, y)
+            with pytest.raises(RuntimeError) as lazy:
+                op(irt.to_lazy(x), irt.to_lazy(y) if isinstance(y, torch.Tensor) else y)
+            assert str(lazy.value) == str(eager.value)
+    same(torch.sub(irt.to_lazy(f), 1), f - 1)
