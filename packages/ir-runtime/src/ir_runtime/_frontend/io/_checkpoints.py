@@ -671,24 +671,27 @@ class _OptimizerTarget:
             )
         self.params = params
         self.placed: dict = {}  # (index, key) -> (placement, annotation) (abstract())
+        self.order: dict = {}  # index -> its state's keys in the order made (_check_keys)
 
     def shardings(self) -> list:
         return [_sharding_of(p) for p in self.params if isinstance(p, LazyTensor)]
 
     def _check_keys(self, saved_arrays) -> None:
-        """The saved order of each parameter's state names exactly what was saved: a damaged
-        meta file is named here, before anything is assigned."""
-        keys = self.saved.get("keys", {})  # (absent from checkpoints written before it)
+        """``order``: per parameter, the order its state was made in, checked to name exactly
+        what was saved (a damaged meta file is named here, before anything is assigned);
+        saved order where the checkpoint has none (written before it)."""
+        keys = self.saved.get("keys", {})
         plain = self.saved["plain"]
         for i in self.saved["indices"]:
             order = keys.get(str(i)) if isinstance(keys, dict) else keys
-            have = {*saved_arrays.get(str(i), {}), *plain.get(str(i), {})}
-            if order is not None and (not isinstance(order, list) or set(order) != have):
+            have = [*saved_arrays.get(str(i), {}), *plain.get(str(i), {})]
+            if order is not None and (not isinstance(order, list) or set(order) != set(have)):
                 raise CheckpointReadError(
                     f"optimizer {self.name!r}: the meta file's state keys of parameter {i} "
                     f"are {order!r}, its saved state {sorted(have)}: the meta file is not what "
                     f"save writes"
                 )
+            self.order[i] = have if order is None else order
 
     def abstract(self, saved_arrays, default, specs: dict) -> dict:
         """The restore's tree for this optimizer's state, placed as the running state is
@@ -724,7 +727,7 @@ class _OptimizerTarget:
         for i in self.saved["indices"]:
             tensors, plain = arrays.get(str(i), {}), self.saved["plain"].get(str(i), {})
             s = {}
-            for k in self.saved.get("keys", {}).get(str(i)) or [*tensors, *plain]:  # (checked)
+            for k in self.order.get(i, [*tensors, *plain]):
                 if k in plain:
                     s[k] = _unplain(plain[k])
                     continue

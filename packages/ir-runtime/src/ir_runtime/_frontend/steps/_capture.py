@@ -132,7 +132,8 @@ class CompiledStep:
     traced instead, as the first guard of its plan's table that failed says it in a line
     (``"optimizer SGD's lr changed from 0.1 to 0.05"``, ``"module Linear(...) switched to
     eval()"``), or what differs from the replayed call before it when the arguments' signature
-    is new (``"argument 0 was float32[8, 4], now float32[16, 4]: ..."``); None until then.
+    is new (``"argument 0 was a lazy float32[8,4], now a lazy float32[16,4]: ..."``); None
+    until then.
     Each guard failure also counts ``StepGuardFailed`` in ``metrics()``.
     """
 
