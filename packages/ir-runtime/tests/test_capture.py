@@ -92,23 +92,29 @@ def test_replays_match_eager(make_opt, zero_first):
             assert p_l.grad is None and p_e.grad is None, name
 
 
-def test_adam_without_capturable_is_traced_every_call_and_says_why():
+def test_adam_without_capturable_replays_its_step_count_kept_on_the_device():
     eager, lazy = pair()
     opt_e = torch.optim.Adam(eager.parameters(), lr=0.01)
-    step = irt.compile_step(train_fn(lazy, torch.optim.Adam(lazy.parameters(), lr=0.01)))
-    step_e = train_fn(eager, opt_e)
+    opt_l = torch.optim.Adam(lazy.parameters(), lr=0.01)  # torch's default: capturable=False
+    step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
     irt.reset_metrics()
-    with pytest.warns(irt.CaptureWarning, match="capturable=True"):
-        for x, y in batches(5):
-            close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y))
-    assert not step.replaying and "change from call to call" in step.reason
-    assert counters()["StepTraced"] == 5 and "StepReplay" not in counters()
+    for x, y in batches(6):
+        close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y))
+    assert step.replaying and step.reason is None
+    # the first call makes the optimizer's state; the next two agree; the rest replay
+    assert counters()["StepTraced"] == 3 and counters()["StepReplay"] == 3
+    assert opt_l.param_groups[0]["capturable"] is False  # as the user made it
+    assert all(isinstance(s["step"], irt.LazyTensor) for s in opt_l.state.values())
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-4, atol=1e-6)
 
 
-def test_learning_rate_schedule_is_guarded():
+@pytest.mark.parametrize("own", [True, False], ids=["torch-sgd", "subclass"])
+def test_learning_rate_set_outside_the_step_is_read_afresh_by_torchs_optimizers(own):
     eager, lazy = pair()
+    cls = torch.optim.SGD if own else type("MySGD", (torch.optim.SGD,), {})
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.5)
-    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1, momentum=0.5)
+    opt_l = cls(lazy.parameters(), lr=0.1, momentum=0.5)
     sched_e = torch.optim.lr_scheduler.StepLR(opt_e, step_size=4, gamma=0.3)
     sched_l = torch.optim.lr_scheduler.StepLR(opt_l, step_size=4, gamma=0.3)
     step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
@@ -118,8 +124,13 @@ def test_learning_rate_schedule_is_guarded():
         sched_e.step()
         sched_l.step()
     c = counters()
-    assert c["StepGuardFailed"] == 3  # lr changed after steps 4, 8 and 12
-    assert c["StepReplay"] >= 16 - 3 - 3 * 2
+    if own:  # the rate is an input of the program: no guard on it
+        assert c.get("StepGuardFailed", 0) == 0 and c["StepReplay"] == 16 - 3
+    else:  # an optimizer not torch's own: its numbers are constants, guarded
+        assert c["StepGuardFailed"] == 3  # lr changed after steps 4, 8 and 12
+        assert c["StepReplay"] >= 16 - 3 - 3 * 2
+        assert "MySGD's lr changed from 0.009 to 0.00269" in step.last_guard_failure
+        assert "not one of torch's optimizers" in step.last_guard_failure
     close(lazy[0].weight, eager[0].weight, rtol=1e-4, atol=1e-6)
 
 
@@ -378,15 +389,49 @@ def test_a_scheduled_learning_rate_is_a_program_input(make_opt, schedule, inside
         close(p_l, p_e, rtol=1e-5, atol=1e-5)
 
 
-def test_an_optimizer_reading_its_tensor_rate_into_python_keeps_it_on_the_host():
-    """RMSprop passes its rate to torch as a number (value=-lr) even when capturable: the rate
-    stays a host tensor, compared by value, so a constant rate replays and a changed one is
-    traced again, with eager's values throughout."""
+def test_a_tensor_rate_passed_as_a_number_is_read_afresh():
+    """RMSprop passes its rate to torch as a number (value=-lr): on the lazy device that call
+    is the same arithmetic on the tensor, so a changed rate replays, with eager's values."""
     eager, lazy = embedding_pair()
     opt_e = torch.optim.RMSprop(eager.parameters(), lr=0.01, momentum=0.5)
     opt_l = torch.optim.RMSprop(
         lazy.parameters(), lr=torch.tensor(0.01), momentum=0.5, capturable=True
     )
+    step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
+    irt.reset_metrics()
+    g = torch.Generator().manual_seed(1)
+    for k in range(10):
+        if k == 6:
+            opt_e.param_groups[0]["lr"] = 0.02
+            opt_l.param_groups[0]["lr"].fill_(0.02)
+        ids, y = torch.randint(0, 6, (8, 3), generator=g), torch.randn(8, 3, 4, generator=g)
+        close(step(ids, y), step_e(ids, y), rtol=1e-5)
+    assert step.replaying and counters()["StepReplay"] == 10 - 3
+    assert step.last_guard_failure is None
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-5, atol=1e-5)
+
+
+class _PythonRateSGD(torch.optim.Optimizer):
+    """Not torch's own: a capturable group whose step reads its rate into Python."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr, "capturable": True})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            rate = float(group["lr"])
+            for p in group["params"]:
+                p.add_(p.grad, alpha=-rate)
+
+
+def test_an_optimizer_reading_its_tensor_rate_into_python_keeps_it_on_the_host():
+    """Its rate stays a host tensor, compared by value: a constant rate replays and a changed
+    one is traced again, with eager's values throughout."""
+    eager, lazy = embedding_pair()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.01)
+    opt_l = _PythonRateSGD(lazy.parameters(), lr=torch.tensor(0.01))
     step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
     irt.reset_metrics()
     g = torch.Generator().manual_seed(1)
@@ -420,16 +465,34 @@ def test_adam_with_a_learning_rate_of_0_gives_no_nan():
         close(lazy[0].weight, eager[0].weight, rtol=1e-5, atol=1e-6)
 
 
-def test_a_scheduled_rate_in_a_python_number_says_how_to_replay():
-    _, lazy = embedding_pair()
-    opt = torch.optim.AdamW(lazy.parameters(), lr=0.01, capturable=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 / (i + 1))
-    step = irt.compile_step(train_fn(lazy, opt))
-    with pytest.warns(irt.CaptureWarning, match=r"lr=torch\.tensor\(.*capturable=True"):
+@pytest.mark.parametrize("own", [True, False], ids=["torch-adamw", "subclass"])
+def test_a_scheduled_rate_in_a_python_number(own):
+    """torch's own AdamW replays a LambdaLR schedule held in a Python number, with eager's
+    values; an optimizer that is not torch's is traced every call, and the warning says how to
+    hold its rate instead."""
+    eager, lazy = embedding_pair()
+    cls = torch.optim.AdamW if own else type("MyAdamW", (torch.optim.AdamW,), {})
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=0.01)
+    opt_l = cls(lazy.parameters(), lr=0.01, capturable=True)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda i: 1 / (i + 1)) for o in (opt_e, opt_l)]
+    step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
+    irt.reset_metrics()
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         for _ in range(6):
-            step(torch.randint(0, 6, (8, 3)), torch.randn(8, 3, 4))
-            sched.step()
-    assert not step.replaying and "lr=torch.tensor(" in step.reason
+            ids, y = torch.randint(0, 6, (8, 3), generator=g), torch.randn(8, 3, 4, generator=g)
+            close(step(ids, y), step_e(ids, y), rtol=1e-5)
+            for s in scheds:
+                s.step()
+    captured = [str(w.message) for w in seen if w.category is irt.CaptureWarning]
+    if own:
+        assert step.replaying and counters()["StepReplay"] == 6 - 3 and not captured
+    else:
+        assert not step.replaying and "lr=torch.tensor(" in step.reason
+        assert any("lr=torch.tensor(" in m and "capturable=True" in m for m in captured)
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-5, atol=1e-5)
 
 
 def test_a_scheduler_stepped_before_its_optimizer_is_traced_and_says_why():
@@ -624,12 +687,12 @@ def fail_guard(step, call, change):
     return counts, why
 
 
-def set_lr(lazy, opt):
-    opt.param_groups[0]["lr"] = 0.05
+def set_nesterov(lazy, opt):
+    opt.param_groups[0]["nesterov"] = True
 
 
-def set_momentum(lazy, opt):
-    opt.param_groups[0]["momentum"] = 0.5
+def set_momentum(lazy, opt):  # (a rate or a momentum that changes is read afresh: no guard)
+    opt.param_groups[0]["momentum"] = 0.0  # but SGD's Python branches on momentum != 0
 
 
 def load_state(lazy, opt):
@@ -662,8 +725,12 @@ def drop_grad(lazy, opt):
 
 LINEAR = r"module Linear\(in_features=16, out_features=32, bias=True\)"
 GUARD_FAILURES = [  # (a change between calls, the failure it names)
-    (set_lr, r"^optimizer SGD's lr changed from 0\.1 to 0\.05$"),
-    (set_momentum, r"^optimizer SGD's momentum changed from 0\.9 to 0\.5$"),
+    (set_nesterov, r"^optimizer SGD's nesterov changed from False to True$"),
+    (
+        set_momentum,
+        r"^optimizer SGD's momentum is now 0\.0: its step's Python took the branch where "
+        r"momentum != 0 is True$",
+    ),
     (load_state, r"^optimizer SGD's state table was replaced \(load_state_dict\)$"),
     (add_group, r"^optimizer SGD has 2 parameter groups, not 1$"),
     (add_key, r"^optimizer SGD's parameter group 0 gained warmup$"),

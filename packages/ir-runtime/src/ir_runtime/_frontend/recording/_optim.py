@@ -21,6 +21,7 @@ from ir_runtime._frontend.recording._tensor import LazyTensor
 
 _MODULES = (
     "optimizer",
+    "adagrad",
     "adam",
     "adamw",
     "adamax",
@@ -43,12 +44,16 @@ def install() -> None:
         return [*base(supports_xla), DEVICE.type]
 
     supported._lazy_device = True
+    from ir_runtime._frontend.steps._lend import get_value
+
     adam = importlib.import_module("torch.optim.adam")
     adam._single_tensor_adam = _as_cuda_does(adam._single_tensor_adam, adam._multi_tensor_adam)
     for name in _MODULES:
         module = importlib.import_module(f"torch.optim.{name}")
         if hasattr(module, "_get_capturable_supported_devices"):
             module._get_capturable_supported_devices = supported
+        if hasattr(module, "_get_value"):  # (a step count stays in the program: _lend)
+            module._get_value = get_value(module._get_value)
 
 
 def _as_cuda_does(single, multi):

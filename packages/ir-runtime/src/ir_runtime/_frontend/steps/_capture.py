@@ -79,10 +79,10 @@ _grad_enabled = torch.is_grad_enabled
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
 _VARIANTS = 4  # plans per signature, each replayed when its guards hold
 _VARYING = (
-    "values it computes in Python change from call to call (Adam's bias corrections from its "
-    "CPU step count; a learning rate in a Python number): give torch's Adam-family optimizers "
-    "capturable=True and a scheduled rate in a tensor, AdamW(..., lr=torch.tensor(1e-3), "
-    "capturable=True), and pass other such values as tensors"
+    "values it computes in Python change from call to call (a count kept in Python; the "
+    "learning rate, in a Python number, of an optimizer that is not torch's own): hold such a "
+    "value in a tensor, a rate as lr=torch.tensor(1e-3) with capturable=True, and pass other "
+    "such values as tensors"
 )
 
 

@@ -31,6 +31,15 @@ from ir_runtime._frontend.recording._tensor import LazyTensor
 _ref = weakref.ref
 _NONE = object()  # a key missing from a table
 _TENSOR = object()  # a tensor hyperparameter, compared by _tensor_key
+_NUMBER = object()  # a number lent to the step, compared by _number_key
+
+
+class _Float:
+    def __repr__(self):
+        return "a number"
+
+
+_FLOAT = _Float()  # (as _number_key keys a float)
 
 
 class Guard:
@@ -91,19 +100,37 @@ def _weak(v):
 # Optimizers the step stepped.
 
 
-def _hyper(opt, inputs) -> tuple:
+def _hyper(opt, inputs, numbers=frozenset()) -> tuple:
     """An optimizer's hyperparameters, as a replay compares them: lazy tensors by identity (the
     program reads them), host tensors by identity when ``inputs`` (a set of ids; None: all) has
     them (read afresh into the program at every replay: a learning rate a scheduler fills in
-    place), others by value (Python computed with them)."""
+    place), numbers ``numbers`` has (``(group index, key)``, lent to the step: read afresh too)
+    by kind, others by value (Python computed with them)."""
     return tuple(
         tuple(
-            (k, _tensor_key(v, inputs) if isinstance(v, torch.Tensor) else v)
+            (
+                k,
+                _tensor_key(v, inputs)
+                if isinstance(v, torch.Tensor)
+                else _number_key(v)
+                if (i, k) in numbers
+                else v,
+            )
             for k, v in group.items()
             if k != "params"
         )
-        for group in opt.param_groups
+        for i, group in enumerate(opt.param_groups)
     )
+
+
+def _number_key(v):
+    """A number lent to the step as it is compared: its kind only (a float, a tuple of so many),
+    whatever its value; anything else by value (a change of kind is a change)."""
+    if type(v) is float:
+        return _FLOAT
+    if type(v) is tuple and v and all(type(x) is float for x in v):
+        return (_FLOAT, len(v))
+    return v
 
 
 def _tensor_key(v: torch.Tensor, inputs):
@@ -133,19 +160,37 @@ def _hyper_text(v) -> str:
     return repr(v)
 
 
+def _constant_hint(opt, kind: str, k: str, a: float) -> str:
+    """Why a number among an optimizer's hyperparameters is a constant of the program."""
+    if type(opt).__module__.startswith("torch.optim."):  # (lent, and read into Python)
+        return (
+            f"; its step reads {k} into Python (a branch on it, or a number it computes from "
+            f"it), so each value of {k} is a program of its own"
+        )
+    if "capturable" in opt.defaults:
+        return (  # (a number is a constant of the program)
+            f"; to change it every call, hold it in a tensor: "
+            f"{kind}(..., {k}=torch.tensor({a!r}), capturable=True)"
+        )
+    return f"; {kind} is not one of torch's optimizers, whose numbers a replay reads afresh"
+
+
 class OptimizerGuard(Guard):
     """An optimizer the step stepped: its hyperparameters, its state table (the same dict, of
     the same size: ``load_state_dict`` replaces it) and each group's parameter list.
     ``inputs``: ids of the host tensors the program reads afresh at every replay (None: every
-    host tensor, by identity: what a call's effects are compared by)."""
+    host tensor, by identity: what a call's effects are compared by); ``numbers``: ``(group
+    index, key)`` of the numbers lent to its step that Python never read (``_lend``), compared
+    by kind only: the program reads each afresh at every replay."""
 
-    __slots__ = ("groups", "hyper", "inputs", "kind", "params", "ref", "size", "state")
+    __slots__ = ("groups", "hyper", "inputs", "kind", "numbers", "params", "ref", "size", "state")
 
-    def __init__(self, opt, inputs=None):
+    def __init__(self, opt, inputs=None, numbers=frozenset()):
         self.ref = _ref(opt)
         self.kind = type(opt).__name__
         self.inputs = inputs
-        self.hyper = _hyper(opt, inputs)
+        self.numbers = numbers
+        self.hyper = _hyper(opt, inputs, numbers)
         self.state = opt.state
         self.size = len(opt.state)
         self.params = tuple((g["params"], len(g["params"])) for g in opt.param_groups)
@@ -158,11 +203,15 @@ class OptimizerGuard(Guard):
                 len(g["params"]),
                 len(g),
                 tuple(
-                    (k, _TENSOR, key) if isinstance(v, torch.Tensor) else (k, v, None)
+                    (k, _TENSOR, key)
+                    if isinstance(v, torch.Tensor)
+                    else (k, _NUMBER, key)
+                    if (i, k) in numbers
+                    else (k, v, None)
                     for (k, key), v in zip(h, (g[k] for k in g if k != "params"), strict=True)
                 ),
             )
-            for g, h in zip(opt.param_groups, self.hyper, strict=True)
+            for i, (g, h) in enumerate(zip(opt.param_groups, self.hyper, strict=True))
         )
 
     def holds(self) -> bool:
@@ -181,6 +230,9 @@ class OptimizerGuard(Guard):
                 if v is _TENSOR:
                     if not isinstance(now, torch.Tensor) or _tensor_key(now, self.inputs) != key:
                         return False
+                elif v is _NUMBER:
+                    if _number_key(now) != key:
+                        return False
                 elif now is not v and (isinstance(now, torch.Tensor) or now != v):
                     return False
         return True
@@ -197,7 +249,8 @@ class OptimizerGuard(Guard):
         groups = opt.param_groups
         if len(groups) != len(self.params):
             return f"{name} has {len(groups)} parameter groups, not {len(self.params)}"
-        for i, (now, then) in enumerate(zip(_hyper(opt, self.inputs), self.hyper, strict=True)):
+        now_hyper = _hyper(opt, self.inputs, self.numbers)
+        for i, (now, then) in enumerate(zip(now_hyper, self.hyper, strict=True)):
             now, then = dict(now), dict(then)
             where = f" (parameter group {i})" if len(groups) > 1 else ""
             for k in {**then, **now}:
@@ -208,11 +261,8 @@ class OptimizerGuard(Guard):
                     changed = (
                         f"{name}'s {k}{where} changed from {_hyper_text(a)} to {_hyper_text(b)}"
                     )
-                    if type(a) is float and type(b) is float and "capturable" in opt.defaults:
-                        changed += (  # (a number is a constant of the program)
-                            f"; to change it every call, hold it in a tensor: "
-                            f"{self.kind}(..., {k}=torch.tensor({a!r}), capturable=True)"
-                        )
+                    if type(a) is float and type(b) is float:
+                        changed += _constant_hint(opt, self.kind, k, a)
                     return changed
         for i, (group, (table, n)) in enumerate(zip(groups, self.params, strict=True)):
             if group["params"] is not table:
@@ -458,6 +508,44 @@ def _host_bytes(t: torch.Tensor) -> bytes:
     return array_bytes(host_numpy(t, copy=False))
 
 
+class ConditionGuard(Guard):
+    """A branch the step's Python took on a number lent to an optimizer's step (``if
+    weight_decay != 0``): the comparison must come out the same (``_lend``)."""
+
+    __slots__ = ("compare", "index", "key", "other", "ref", "result", "where")
+
+    def __init__(self, ref, group: int, key: str, index, compare, other, result: bool):
+        self.ref, self.where, self.key, self.index = ref, group, key, index
+        self.compare, self.other, self.result = compare, other, result
+
+    def _value(self):
+        opt = self.ref()
+        groups = None if opt is None else opt.param_groups
+        if groups is None or self.where >= len(groups) or self.key not in groups[self.where]:
+            return _NONE
+        v = groups[self.where][self.key]
+        if self.index is not None:
+            v = v[self.index] if type(v) is tuple and len(v) > self.index else _NONE
+        return v
+
+    def holds(self) -> bool:
+        v = self._value()
+        return type(v) in (int, float) and self.compare(v, self.other) is self.result
+
+    def why(self) -> str:
+        opt = self.ref()
+        name = "an optimizer" if opt is None else f"optimizer {type(opt).__name__}"
+        k = self.key if self.index is None else f"{self.key}[{self.index}]"
+        symbol = _SYMBOLS[self.compare.__name__]
+        return (
+            f"{name}'s {k} is now {self._value()!r}: its step's Python took the branch where "
+            f"{k} {symbol} {self.other!r} is {self.result}"
+        )
+
+
+_SYMBOLS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
 class HostGuard(_TensorGuard):
     """A host tensor (or the base of a host view) the program read as a constant: changed in
     place later (a tensor learning rate a scheduler fills), it must be read again."""
@@ -489,6 +577,7 @@ class HostGuard(_TensorGuard):
 
 
 __all__ = [
+    "ConditionGuard",
     "GradGuard",
     "GradReadGuard",
     "Guard",

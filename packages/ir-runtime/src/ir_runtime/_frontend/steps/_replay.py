@@ -9,6 +9,7 @@ result trees (nested tuples, lists, dicts and named tuples of tensors and values
 from __future__ import annotations
 
 import functools
+from math import copysign
 
 import jax
 import numpy as np
@@ -98,6 +99,10 @@ ARG, STATE, CONST, RNG = "arg", "state", "const", "rng"  # where a parameter's d
 # HOSTREAD: a host tensor the program reads, alive after the call and read by nothing but the
 # program (a learning rate a scheduler fills in place): placed from its memory at every replay.
 HOSTREAD = "host read"
+# HYPER: a number among an optimizer's hyperparameters, lent to its step (``_lend``): placed as
+# the optimizer's group holds it at every replay, as ``(optimizer reference, group index, key,
+# index in a tuple or None, dtype)``.
+HYPER = "hyperparameter"
 # PGRAD: the current ``.grad`` of a tensor, whichever tensor that is then: read as a parameter,
 # or written in place as a result (``p.grad`` accumulated into, or zeroed).
 PGRAD = "p.grad"
@@ -164,6 +169,7 @@ class Replay:
         # sources and bindings zipped with what the executable says of each, on first replay
         self._reads: tuple | None = None
         self._writes: tuple | None = None
+        self._numbers: dict = {}  # per HYPER parameter: (the number, its array) last placed
 
     def same_as(self, other: Replay, grads: bool = True) -> bool:
         """Whether two traced calls did the same thing: the condition for replaying ``other``,
@@ -183,6 +189,7 @@ class Replay:
                 k1 != k2
                 or (k1 == STATE and _alive(x1) is not _alive(x2))
                 or ((k1 == PGRAD or k1 == HOSTREAD) and x1() is not x2())
+                or (k1 == HYPER and (x1[0]() is not x2[0]() or x1[1:] != x2[1:]))
                 or (k1 == ARG and x1 != x2)
             ):
                 return False
@@ -291,6 +298,9 @@ class Replay:
                 _metrics.count("TransferToDevice")
                 arrays.append(put(host_numpy(t), sharding))
                 continue
+            if kind is HYPER:  # (its optimizer's guard saw the group, and a number there)
+                arrays.append(self._number(len(arrays), x, sharding))
+                continue
             if kind is STATE:
                 t = _alive(x)
                 if t is None:
@@ -333,6 +343,21 @@ class Replay:
         if rng is not None:
             arrays[rng] = place(_rng.draw()[0].node, arrays[rng])
         return arrays
+
+    def _number(self, k: int, where, sharding):
+        """Parameter ``k``: the number ``where`` names in its optimizer's group now, placed
+        (again only when it changed: a constant rate costs no transfer)."""
+        ref, gi, key, j, dtype = where
+        v = ref().param_groups[gi][key]
+        if j is not None:
+            v = v[j]
+        last = self._numbers.get(k)
+        if last is not None and last[0] == v and copysign(1.0, last[0]) == copysign(1.0, v):
+            return last[1]
+        _metrics.count("TransferToDevice")
+        array = put(np.asarray(v, dtype), sharding)
+        self._numbers[k] = (v, array)
+        return array
 
 
 def _grad_facts(guards) -> list:

@@ -25,8 +25,9 @@ from ir_runtime import _donation, _runtime_checks
 from ir_runtime._frontend.recording import _rng, _tensor
 from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._tensor import LazyTensor, as_value, base_of, live, wrap
-from ir_runtime._frontend.steps import _step
+from ir_runtime._frontend.steps import _lend, _step
 from ir_runtime._frontend.steps._guards import (
+    ConditionGuard,
     GradGuard,
     GradReadGuard,
     HostGuard,
@@ -44,6 +45,7 @@ from ir_runtime._frontend.steps._replay import (
     GRAD,
     HOST,
     HOSTREAD,
+    HYPER,
     OUT,
     PGRAD,
     RNG,
@@ -283,7 +285,8 @@ class _Effects:
         elif isinstance(x, torch.optim.Optimizer):
             _PAUSED[0] += 1  # (reading its hyperparameters is not the call's doing)
             try:
-                guard = OptimizerGuard(x)
+                # (its numbers as a scheduler the replay steps again may change them: loose)
+                guard = (OptimizerGuard(x), OptimizerGuard(x, None, _lend.numbers_of(x)))
             finally:
                 _PAUSED[0] -= 1
             state = {id(p): (p, dict(s)) for p, s in x.state.items()}
@@ -293,9 +296,10 @@ class _Effects:
             ref = (lambda y: lambda: y)(x)
         self.seen[id(x)] = (label, ref, dict(getattr(x, "__dict__", {})), guard, state)
 
-    def reasons(self, stepped=()) -> list:
+    def reasons(self, stepped=(), scheduled=()) -> list:
         """Why the call cannot be replayed: each effect of it that a replay would not redo
-        (``stepped``: ids of the schedulers a replay steps again, whose state is theirs)."""
+        (``stepped``: ids of the schedulers a replay steps again, whose state is theirs;
+        ``scheduled``: ids of their optimizers, whose numbers they set)."""
         out = []
         for label, ref, attrs, guard, state in self.seen.values():
             x = ref()
@@ -314,6 +318,8 @@ class _Effects:
                         f"replay would not redo; keep a count in a lazy tensor, or set it "
                         f"outside the step"
                     )
+            if type(guard) is tuple:
+                guard = guard[id(x) in scheduled]
             if guard is not None and not guard.holds():
                 out.append(
                     f"it changes what a replay checks ({guard.why()}), which a replay would "
@@ -458,40 +464,27 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
     itself, with its autograd graph, goes with this frame."""
     optimizers: dict = {}
     modules: dict = {}
-    lent: list = []  # (parameter group, key, host tensor) lent to the lazy device for a step
+    lending = _lend.Lending()
     reads = [0]  # host reads before the optimizer's step
 
     def saw_optimizer(opt, args, kwargs):
         optimizers.setdefault(id(opt), opt)  # returns None: the arguments stay as they are
         if effects is not None:
             effects.note(opt)
-        # A capturable optimizer's hyperparameter in a host tensor (a learning rate a
-        # scheduler fills) is lent to the step as a lazy tensor that the program reads
-        # (HOSTREAD, placed afresh at each replay): what torch computes from it (1 - lr *
-        # weight_decay) is then computed in the program, not on the CPU into a constant of it.
-        # (torch's capturable code keeps such a tensor on the device; other code reads it into
-        # Python, SGD's alpha=-lr: a host tensor there stays one, compared by value.)
-        if opt in _KEEPS_HOST:
-            return
+        # Its hyperparameters are lent to the step as lazy tensors that the program reads
+        # (_lend): a scheduled rate is an input of the program, not a constant of it. (A host
+        # tensor one whose step read it into Python stays one, compared by value.)
         reads[0] = _step.host_read_count()
         _PAUSED[0] += 1
         try:
-            for group in opt.param_groups:
-                if not group.get("capturable"):
-                    continue
-                for k, v in group.items():
-                    if k != "params" and type(v) is torch.Tensor:
-                        lent.append((group, k, v))
-                        group[k] = wrap(as_value(v))
+            lending.lend(opt, host=opt not in _KEEPS_HOST)
         finally:
             _PAUSED[0] -= 1
 
     def stepped_optimizer(opt, args, kwargs):
-        if lent and opt is not None and _step.host_read_count() != reads[0]:
-            _KEEPS_HOST.add(opt)  # it read a lent tensor into Python (RMSprop's alpha=-lr)
-        while lent:
-            group, k, v = lent.pop()
-            group[k] = v
+        if lending.host and opt is not None and _step.host_read_count() != reads[0]:
+            _KEEPS_HOST.add(opt)  # it read a lent host tensor into Python
+        lending.give_back()
 
     def saw_module(m, args):
         ref = modules.get(id(m))
@@ -539,7 +532,8 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
     if seen.mark_steps:
         plan.reasons.append("it calls mark_step(); a compiled step runs as one program")
     if effects is not None:
-        plan.effects = effects.reasons({id(r()) for r in plan.schedulers})
+        scheduled = {id(getattr(r(), "optimizer", None)) for r in plan.schedulers}
+        plan.effects = effects.reasons({id(r()) for r in plan.schedulers}, scheduled)
         plan.reasons += plan.effects
     out_leaves: list = []
     plan.structure = flatten(out, out_leaves)
@@ -548,7 +542,7 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
     # A module the call created and dropped (a loss module built in ``forward``) is gone: a
     # replay will not call it, and a traced call would build it again. No guard on it.
     called = [m for ref in modules.values() if (m := ref()) is not None]
-    return outputs, list(optimizers.values()), called, host_reads
+    return outputs, list(optimizers.values()), called, host_reads, lending
 
 
 def _new_gradients(entry: _Entry, plan: Replay):
@@ -628,7 +622,7 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads, inputs) ->
     host tensors CPU ops read (None: not looked for), a set)``: each hyperparameter the program
     reads that no CPU op did is read afresh at every replay (``HOSTREAD``), its id added to the
     set: a scheduler's rate is an input of the program, not a constant of it."""
-    hyper, cpu_read, fresh = inputs
+    hyper, cpu_read, fresh, numbers = inputs
     arg_nodes, holders = entry.arg_nodes, entry.holders
     for i, x in enumerate(entry.lazy):
         if isinstance(x, LazyTensor) and type(x._ir.node) is DeviceData:
@@ -662,6 +656,8 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads, inputs) ->
                 requires.append(RequiresGradGuard(holders[pid][0]))
         elif p is key_node:
             plan.sources.append((RNG, None))
+        elif pid in numbers:  # a number lent to an optimizer's step: its value then
+            plan.sources.append((HYPER, numbers[pid]))
         else:
             refs = read_from.get(pid)
             host = refs[0]() if refs is not None else None
@@ -700,7 +696,8 @@ def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list
     seedings = _rng.seedings()
     plan.watched = watch
     effects = _Effects(fn, entry) if watch else None
-    outputs, optimizers, modules, host_reads = _call(fn, structure, entry.lazy, plan, effects)
+    called = _call(fn, structure, entry.lazy, plan, effects)
+    outputs, optimizers, modules, host_reads, lending = called
     cpu_read = None if effects is None else effects.mode.read
     effects = None
     if _rng.seedings() != seedings:  # it reseeded: a replay reseeds the same way
@@ -719,7 +716,9 @@ def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list
     inputs: set = set()  # ids of the hyperparameters read afresh at every replay
     if pending:
         hyper = _hyperparameters(optimizers)
-        read_guards = _program(plan, entry, pending, roles, host_reads, (hyper, cpu_read, inputs))
+        read_guards = _program(
+            plan, entry, pending, roles, host_reads, (hyper, cpu_read, inputs, lending.nodes)
+        )
         hyper = None
         for kind, i, _ in plan.bindings:
             if kind is HOST:
@@ -729,7 +728,8 @@ def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list
     _rng.next_step()
     # The guard table, checked in this order: the cheap checks first, host values last.
     plan.guards = (
-        *(OptimizerGuard(opt, inputs) for opt in optimizers),
+        *(OptimizerGuard(opt, inputs, lending.numbers(opt)) for opt in optimizers),
+        *(ConditionGuard(*c) for c in lending.conditions),
         *map(ModuleGuard, modules),
         *grad_guards,
         *read_guards,
