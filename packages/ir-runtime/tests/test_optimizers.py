@@ -2,7 +2,9 @@
 capturable=True where its constructor takes it), under mark_step and compile_step, with a
 LambdaLR schedule that warms up from 0 and decays to 0, on a model whose embedding has rows no
 step uses (their gradients exactly 0) and a Linear sharded over "model": the parameters eager
-gives (within 1e-5) and no NaN where eager has none."""
+gives (within 1e-5), no NaN where eager has none, and under compile_step every call replayed
+once two traced calls agree, the rate changing every call. fused=True, SparseAdam and LBFGS:
+what torch and the lazy device do with them, said by name."""
 
 import numpy as np
 import pytest
@@ -34,7 +36,8 @@ CASES = [
     for path in ("default", "foreach", "capturable")
     if not (path == "capturable" and name in CAPTURABLE)
 ]
-RATES = [0.0, 0.5, 1.0, 0.5, 0.0]  # warm up from 0, decay to 0 (transformers' schedules)
+RATES = [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]  # warm up from 0, decay to 0 (as transformers')
+STATELESS = {"sgd"}  # (the others' first call makes their state: a program of its own)
 
 
 class Net(torch.nn.Module):
@@ -78,11 +81,115 @@ def test_every_optimizer_on_every_path_gives_eagers_values_through_a_rate_of_0(n
         return loss
 
     lazy_step = step if mode == "mark_step" else irt.compile_step(step)
-    for _ in range(len(RATES) - 1):
+    irt.reset_metrics()
+    calls = len(RATES) - 1
+    for _ in range(calls):
         step(eager, opts[0], scheds[0], ids)
         lazy_step(lazy, opts[1], scheds[1], irt.to_lazy(ids))
         irt.mark_step()
+    assert_eagers(lazy, eager)
+    if mode == "compile_step":  # the first call (its state), two that agree, then replays
+        counters = irt.metrics()["counters"]
+        traced = 2 if name in STATELESS else 3
+        assert counters["StepReplay"] == calls - traced, lazy_step.reason
+        assert counters.get("StepGuardFailed", 0) == 0, lazy_step.last_guard_failure
+
+
+def assert_eagers(lazy, eager, tol=1e-5):
     for (k, pl), pe in zip(lazy.named_parameters(), eager.parameters(), strict=True):
         got = irt.to_torch(pl)
         assert not got.isnan().any(), f"{k} is NaN"
-        np.testing.assert_allclose(got.numpy(), pe.detach().numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.numpy(), pe.detach().numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: optim.AdamW(p, lr=0.01, weight_decay=0.1),
+        lambda p: optim.SGD(p, lr=0.01, momentum=0.9, weight_decay=0.01),
+        lambda p: optim.RMSprop(p, lr=0.01, momentum=0.9),
+    ],
+    ids=["adamw-betas", "sgd-momentum", "rmsprop-momentum"],
+)
+def test_one_cycle_momentum_and_rate_are_read_afresh(make):
+    """OneCycleLR changes the rate and the momentum (betas[0] for Adam) every step, and writes
+    initial_lr, max_lr, min_lr, base_momentum and max_momentum: all read afresh at replays."""
+    torch.manual_seed(0)
+    eager = Net()
+    lazy = irt.to_lazy(Net())
+    lazy.load_state_dict(eager.state_dict())
+    opts = [make(m.parameters()) for m in (eager, lazy)]
+    scheds = [optim.lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=10) for o in opts]
+    ids = torch.tensor([[1, 2, 3], [3, 2, 1]])
+
+    def step(model, opt, sched, x):
+        loss = model(x)
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        return loss
+
+    compiled = irt.compile_step(step)
+    irt.reset_metrics()
+    momentum = []
+    for _ in range(8):
+        step(eager, opts[0], scheds[0], ids)
+        compiled(lazy, opts[1], scheds[1], irt.to_lazy(ids))
+        group = opts[1].param_groups[0]
+        momentum.append(group["betas"][0] if "betas" in group else group["momentum"])
+    assert len(set(momentum)) == 8  # (it did change every step)
+    assert_eagers(lazy, eager)
+    assert irt.metrics()["counters"]["StepReplay"] == 8 - 3, compiled.reason
+
+
+@pytest.mark.parametrize("cls", [optim.Adam, optim.AdamW, optim.SGD, optim.Adagrad])
+def test_fused_is_refused_by_torch_naming_the_lazy_device_and_nothing_changes(cls):
+    lazy = irt.to_lazy(Net())
+    before = {k: irt.to_torch(v) for k, v in lazy.state_dict().items()}
+    opt = cls(lazy.parameters(), lr=0.1, fused=True)
+    lazy(irt.to_lazy(torch.tensor([[1, 2]]))).backward()
+    with pytest.raises(RuntimeError, match=r"fused=True.*supported devices.*lazy"):
+        opt.step()
+    for k, v in lazy.state_dict().items():
+        assert torch.equal(irt.to_torch(v), before[k]), k
+
+
+def test_sparse_adam_needs_sparse_gradients_which_the_lazy_device_names_as_unsupported():
+    emb = irt.to_lazy(torch.nn.Embedding(10, 4, sparse=True))
+    optim.SparseAdam(emb.parameters(), lr=0.1)
+    with pytest.raises(irt.UnsupportedOpError, match=r"aten::_sparse_coo_tensor"):
+        emb(irt.to_lazy(torch.tensor([1, 2]))).sum().backward()
+
+
+def test_lbfgs_gives_eagers_values_and_a_compiled_step_says_it_reads_the_loss():
+    """LBFGS's step runs its closure and reads the loss into Python each iteration: eager's
+    values under mark_step; a compiled step is traced every call and says why."""
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(4, 1)
+    lazy = irt.to_lazy(torch.nn.Linear(4, 1))
+    lazy.load_state_dict(eager.state_dict())
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    opts = [optim.LBFGS(m.parameters(), lr=0.5, max_iter=4) for m in (eager, lazy)]
+
+    def closure(model, opt, x, y):
+        def loss():
+            opt.zero_grad()
+            out = ((model(x) - y) ** 2).mean()
+            out.backward()
+            return out
+
+        return loss
+
+    xl, yl = irt.to_lazy(x), irt.to_lazy(y)
+    for _ in range(2):
+        opts[0].step(closure(eager, opts[0], x, y))
+        opts[1].step(closure(lazy, opts[1], xl, yl))
+        irt.mark_step()
+    # (line searches over float32 dot products: XLA's sums in another order)
+    assert_eagers(lazy, eager, tol=2e-4)
+    step = irt.compile_step(lambda x, y: opts[1].step(closure(lazy, opts[1], x, y)))
+    with pytest.warns(irt.CaptureWarning, match="reads a tensor's value into Python"):
+        for _ in range(2):
+            step(xl, yl)
+    assert not step.replaying
