@@ -4,7 +4,9 @@ A capturable optimizer keeps its step counts on the parameters' device and compu
 corrections there, so a step's program reads them as tensors instead of Python numbers that
 change every step: what a compiled step (``compile_step``) needs to be replayed. torch checks
 the device type against a fixed list; this adds ``lazy`` to it, in every optimizer module that
-consults it.
+consults it. Each module's ``_get_value`` (a step count or rate read as a Python number) leaves
+a lazy tensor as it is while a compiled step's trace lends the optimizer its hyperparameters
+(``steps._lend``): Adagrad, which has no capturable form, keeps its step count in the program.
 
 torch's single-tensor Adam with ``capturable=True`` divides by the step size, so a learning rate
 of 0 (the first step of every warmup schedule) turns each parameter whose second moment is 0 (an

@@ -48,13 +48,15 @@ from ir_runtime._frontend.recording._tensor import LazyTensor, as_value, wrap
 from ir_runtime._frontend.steps import _step
 
 _ref = weakref.ref
-O = torch.optim
 # torch's own optimizers, whose steps are known to compute with tensor hyperparameters
 # (tests/test_optimizers.py runs each on every path). Not LBFGS (its step reads the loss into
 # Python) nor SparseAdam (sparse gradients).
 TORCH_OPTIMIZERS = frozenset(
-    (O.SGD, O.Adam, O.AdamW, O.RMSprop, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.Adadelta)
-    + (O.Rprop, O.ASGD)
+    getattr(torch.optim, name)
+    for name in (
+        *("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam"),
+        *("Adadelta", "Rprop", "ASGD"),
+    )
 )
 # The lending in force while an optimizer steps (what the patched ``_get_value`` asks).
 ACTIVE: list = [None]

@@ -24,7 +24,7 @@ from ir_core import DeviceData
 from ir_runtime import _donation, _runtime_checks
 from ir_runtime._frontend.recording import _rng, _tensor
 from ir_runtime._frontend.recording._api import to_lazy
-from ir_runtime._frontend.recording._tensor import LazyTensor, as_value, base_of, live, wrap
+from ir_runtime._frontend.recording._tensor import LazyTensor, base_of, live, wrap
 from ir_runtime._frontend.steps import _lend, _step
 from ir_runtime._frontend.steps._guards import (
     ConditionGuard,
