@@ -116,15 +116,17 @@ def test_the_script_equals_eager_under_both_loops(bf16):
     # Traced: the micro-batch calls of the first step and the first of the second (p.grad
     # None, then set, twice); the first four updates (the first makes AdamW's state; at the
     # second the EMA's first update has copied the weights, so they share data and are not
-    # donated, another program), and two after the learning rate changes (a lifted value:
-    # the same program, compared twice)
+    # donated, another program). The rate the schedule changes is read afresh by replays.
     assert micro.replaying and update.replaying
-    assert (counters["StepTraced"], counters["StepReplay"]) == (4 + 6, STEPS * (ACCUM + 1) - 10)
+    assert (counters["StepTraced"], counters["StepReplay"]) == (4 + 4, STEPS * (ACCUM + 1) - 8)
 
 
 def test_with_dropout_the_two_loops_draw_the_same():
     marked, _ = script("mark_step", dropout=0.3)
     compiled, _ = script("compile_step", dropout=0.3)
-    _same(compiled, marked, rtol=1e-6, atol=1e-7)
+    # The same masks (another mask moves a loss by tenths). Not bit for bit: a compiled step's
+    # optimizer computes with its lent hyperparameters on the device, mark_step with Python's
+    # numbers, a few float32 ulps apart after eight updates.
+    _same(compiled, marked, rtol=1e-5, atol=1e-6)
     plain, _ = script("mark_step", dropout=0.0)
     assert not torch.allclose(marked[0], plain[0])  # dropout did drop

@@ -3,7 +3,8 @@
 Importing the modules below registers the handlers of the ops they own in the front end's own
 tables; only ``install()`` touches torch: the Lazy dispatch key's kernels
 (``torch.zeros(3, device="lazy")``), ``lazy`` among the devices torch's optimizers accept for
-``capturable=True`` (their ``_get_value`` leaving a lent step count lazy), ``torch.manual_seed`` counted (a reseed restarts the lazy random stream),
+``capturable=True`` (their ``_get_value`` leaving a lent step count lazy),
+``torch.manual_seed`` counted (a reseed restarts the lazy random stream),
 ``torch._lazy.mark_step`` / ``wait_device_ops`` running this package's, ``torch.autocast``
 accepting ``device_type="lazy"``, and ``torch.utils.checkpoint`` recomputing behind an
 optimization barrier, with ``torch.lazy`` as the device module its RNG helpers use.

@@ -97,7 +97,7 @@ class Lending:
                     group["capturable"] = True
                 _steps_to_device(opt, params)
             capturable = bool(group.get("capturable"))
-            dtype = "float64" if any(p.dtype == torch.float64 for p in params) else "float32"
+            dtype = "float64"  # (what torch computes from a number, Python computes in double)
             for k, v in list(group.items()):
                 if k == "params":
                     continue
