@@ -143,6 +143,45 @@ def test_one_cycle_momentum_and_rate_are_read_afresh(make):
     assert irt.metrics()["counters"]["StepReplay"] == 8 - 3, compiled.reason
 
 
+@pytest.mark.parametrize("path", ["default", "foreach"])
+def test_weight_decay_and_rate_set_by_the_user_every_call_are_read_afresh(path):
+    """A user's own schedule, set between calls: AdamW's weight decay and rate (both numbers)
+    change every call and replay with eager's values; a weight decay of 0 flips the branch
+    torch's Python takes on it, which is traced again and named."""
+    torch.manual_seed(0)
+    eager = Net()
+    lazy = irt.to_lazy(Net())
+    lazy.load_state_dict(eager.state_dict())
+    opts = [
+        optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.1, foreach=path == "foreach")
+        for m in (eager, lazy)
+    ]
+    ids = torch.tensor([[1, 2, 3], [3, 2, 1]])
+
+    def step(model, opt, x):
+        loss = model(x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    compiled = irt.compile_step(step)
+    irt.reset_metrics()
+    for k in range(8):
+        for o in opts:
+            o.param_groups[0]["weight_decay"] = 0.0 if k == 6 else 0.1 + 0.01 * k
+            o.param_groups[0]["lr"] = 0.01 / (k + 1)
+        step(eager, opts[0], ids)
+        compiled(lazy, opts[1], irt.to_lazy(ids))
+    assert_eagers(lazy, eager)
+    counters = irt.metrics()["counters"]
+    assert counters["StepGuardFailed"] == 1  # weight decay 0 (call 6); call 7 traced again
+    assert counters["StepReplay"] == 8 - 3 - 2
+    why = compiled.last_guard_failure
+    assert why.startswith("optimizer AdamW's weight_decay is now 0.0: "), why
+    assert why.endswith("took the branch where weight_decay != 0 is True"), why
+
+
 @pytest.mark.parametrize("cls", [optim.Adam, optim.AdamW, optim.SGD, optim.Adagrad])
 def test_fused_is_refused_by_torch_naming_the_lazy_device_and_nothing_changes(cls):
     lazy = irt.to_lazy(Net())

@@ -183,8 +183,9 @@ class _HostWrites(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-# Optimizers whose step read a lent hyperparameter into Python (``_call``): lent no more, their
-# host tensors stay host tensors (compared by value), and their steps replay while they hold.
+# Optimizers whose step read a lent host tensor hyperparameter into Python (``_call``; a number
+# lent, Python reads from the number itself: ``_lend``): their host tensors are lent no more,
+# but stay host tensors (compared by value), and their steps replay while they hold.
 _KEEPS_HOST: weakref.WeakSet = weakref.WeakSet()
 
 # While a call is traced: [the schedulers it stepped, as (weak reference, host reads before
