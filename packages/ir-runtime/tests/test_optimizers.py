@@ -232,3 +232,102 @@ def test_lbfgs_gives_eagers_values_and_a_compiled_step_says_it_reads_the_loss():
         for _ in range(2):
             step(xl, yl)
     assert not step.replaying
+
+
+class Scaled(torch.nn.Module):
+    """A bf16 Linear and a 0-d float32 parameter (a logit scale)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4).to(torch.bfloat16)
+        self.scale = torch.nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        return (self.lin(x).float() * self.scale).square().mean()
+
+
+@pytest.mark.parametrize("name", ["sgd-nesterov", "adamw", "rmsprop-centered", "nadam"])
+def test_lent_numbers_leave_eagers_dtypes_on_bf16_and_0_d_parameters(name):
+    """A lent number is a float64 0-d tensor: beside a 0-d float32 parameter or a bf16 one,
+    what torch computes from it keeps the dtypes eager gives (state included)."""
+    torch.manual_seed(0)
+    eager = Scaled()
+    lazy = irt.to_lazy(Scaled())
+    lazy.load_state_dict(eager.state_dict())
+    cls, kw = CONFIGS[name]
+    opts = [cls(m.parameters(), lr=0.01, foreach=True, **kw) for m in (eager, lazy)]
+    x = torch.randn(4, 8).to(torch.bfloat16)
+
+    def step(model, opt, x):
+        loss = model(x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    compiled = irt.compile_step(step)
+    for _ in range(5):
+        step(eager, opts[0], x)
+        compiled(lazy, opts[1], irt.to_lazy(x))
+    for (k, pl), pe in zip(lazy.named_parameters(), eager.parameters(), strict=True):
+        assert pl.dtype == pe.dtype, k
+        # (bf16 ulps apart: the bf16 Linear's, and through its output the scale's gradient)
+        tol = 2e-2 if pe.dtype == torch.bfloat16 else 1e-3
+        got = irt.to_torch(pl).float().numpy()
+        np.testing.assert_allclose(got, pe.detach().float().numpy(), rtol=tol, atol=tol)
+    for pl, pe in zip(lazy.parameters(), eager.parameters(), strict=True):
+        le, ee = opts[1].state[pl], opts[0].state[pe]
+        for key, v in ee.items():
+            if isinstance(v, torch.Tensor) and key != "step":
+                assert le[key].dtype == v.dtype, (key, le[key].dtype, v.dtype)
+
+
+def _in_step_changes(change):
+    """Eager's parameters, and the compiled step's, when ``change(opt, call)`` runs inside the
+    step after the optimizer's step and scheduler (or as the optimizer's own hook)."""
+    torch.manual_seed(0)
+    eager = Net()
+    lazy = irt.to_lazy(Net())
+    lazy.load_state_dict(eager.state_dict())
+    opts = [optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.1) for m in (eager, lazy)]
+    scheds = [optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in opts]
+    ids = torch.tensor([[1, 2, 3], [3, 2, 1]])
+    count = [0]
+
+    def step(model, opt, sched, x):
+        loss = model(x)
+        loss.backward()
+        opt.step()
+        sched.step()
+        change(opt, count)
+        opt.zero_grad()
+        return loss
+
+    compiled = irt.compile_step(step)
+    for _ in range(6):
+        count[0] += 1
+        step(eager, opts[0], scheds[0], ids)
+        compiled(lazy, opts[1], scheds[1], irt.to_lazy(ids))
+    assert_eagers(lazy, eager)
+    return compiled
+
+
+def test_a_hyperparameter_the_step_sets_beside_its_scheduler_is_not_replayed_stale():
+    def change(opt, count):
+        opt.param_groups[0]["weight_decay"] = 0.1 * count[0]
+
+    compiled = _in_step_changes(change)
+    assert not compiled.replaying and "weight_decay" in compiled.reason
+
+
+def test_an_optimizers_own_hook_that_changes_its_numbers_is_followed():
+    def change(opt, count):
+        if not opt._optimizer_step_post_hooks:
+
+            def halve(opt, args, kwargs):
+                opt.param_groups[0]["weight_decay"] *= 0.5
+
+            opt.register_step_post_hook(halve)
+
+    compiled = _in_step_changes(change)  # (its numbers not lent: its step reads its step count)
+    assert not compiled.replaying

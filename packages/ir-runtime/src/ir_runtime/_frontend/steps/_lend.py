@@ -78,14 +78,18 @@ class Lending:
         self.by_value: set = set()
         self.conditions: list = []
         self.keep: list = []  # the lent data nodes, held: their ids stay theirs
-        self._back: list = []  # (group, key, value) to give back
+        self._back: list = []  # (group, key, its value, the value lent) to give back
         self._mode = None
 
     # -- lending and giving back ---------------------------------------------------------
 
     def lend(self, opt, host: bool = True) -> None:
         """Lend ``opt``'s hyperparameters to its step (``host``: its host tensor ones too)."""
-        own = type(opt) in TORCH_OPTIMIZERS
+        # (an optimizer's own step hooks run while the values are lent: they would see, and
+        # could replace, tensors where eager has numbers; such a step keeps its numbers)
+        own = type(opt) in TORCH_OPTIMIZERS and not (
+            opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks
+        )
         ref = _ref(opt)
         for gi, group in enumerate(opt.param_groups):
             params = group["params"]
@@ -93,7 +97,7 @@ class Lending:
                 continue
             if own:
                 if group.get("capturable") is False:
-                    self._back.append((group, "capturable", False))
+                    self._back.append((group, "capturable", False, True))
                     group["capturable"] = True
                 _steps_to_device(opt, params)
             capturable = bool(group.get("capturable"))
@@ -110,7 +114,7 @@ class Lending:
                     t = tuple(self._scalar(x, (ref, gi, k, j, dtype)) for j, x in enumerate(v))
                 else:
                     continue
-                self._back.append((group, k, v))
+                self._back.append((group, k, v, t))
                 group[k] = t
         if self._back and self._mode is None:
             self._mode = _Scalars(self)
@@ -132,13 +136,16 @@ class Lending:
 
     def give_back(self) -> None:
         """The optimizers' own values, as the step found them."""
-        if self._mode is not None:
-            ACTIVE[0] = _step.LENT[0] = None
-            mode, self._mode = self._mode, None
-            mode.__exit__(None, None, None)
-        while self._back:
-            group, k, v = self._back.pop()
-            group[k] = v
+        try:
+            while self._back:
+                group, k, v, lent = self._back.pop()
+                if group.get(k) is lent:  # (a value set since, by a scheduler, stays)
+                    group[k] = v
+        finally:
+            if self._mode is not None:
+                ACTIVE[0] = _step.LENT[0] = None
+                mode, self._mode = self._mode, None
+                mode.__exit__(None, None, None)
 
     # -- what the step did with a lent value ---------------------------------------------
 
@@ -225,67 +232,88 @@ def _op(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in _LOW else x
 
 
+def _cast(a, t: torch.Tensor):
+    """A number (a 0-d tensor) as eager's kernel takes it beside ``t``: in ``t``'s compute
+    precision (a float64 number beside float32 data is float32 arithmetic, as in eager)."""
+    want = _op(t).dtype
+    return a if type(a) is not LazyTensor or a.dtype == want else a.to(want)
+
+
 def _floating(*xs) -> bool:
     return all(isinstance(x, torch.Tensor) and x.dtype.is_floating_point for x in xs)
 
 
-def _add(func, args, kwargs):
-    """``x.add_(y, alpha=a)`` (``sub``, ``torch.add``) as ``x.add_(y * a)``: eager's
-    ``x + a * y``, in the kernel's precision, rounded once."""
-    x, y = args[0], args[1] if len(args) > 1 else kwargs["other"]
-    a = kwargs["alpha"]
-    if not _floating(x, y) or set(kwargs) - {"alpha", "other"}:
-        return NotImplemented
-    out = func(x, a * _op(y))
-    want = torch.result_type(x, y)
+def _as(out, want: torch.dtype):
+    """A result in the dtype eager's op gives it (a 0-d float64 number beside a 0-d float32
+    tensor promotes it; eager's number would not)."""
     return out if out.dtype == want else out.to(want)
+
+
+def _inplace(func) -> bool:
+    return func.__name__.endswith("_")
+
+
+def _add(func, args, kwargs):
+    """``x.add_(y, alpha=a)`` (``sub``, ``torch.add``) as ``x.add_(a * y)``: eager's
+    ``x + a * y``, in the kernel's precision, rounded once."""
+    if len(args) + len(kwargs) != 3 or set(kwargs) - {"alpha", "other"}:
+        return NotImplemented
+    x, y = args[0], args[1] if len(args) > 1 else kwargs["other"]
+    if not _floating(x, y):
+        return NotImplemented
+    out = func(x, _cast(kwargs["alpha"], y) * _op(y))
+    return out if _inplace(func) else _as(out, torch.result_type(x, y))
 
 
 def _addc(div: bool):
     def rewrite(func, args, kwargs):
-        """``x.addcdiv_(t1, t2, value=a)`` (``addcmul``) as ``x.add_(a * t1 / t2)``."""
-        x, t1, t2 = args[:3]
-        a = kwargs["value"]
-        if len(args) != 3 or set(kwargs) != {"value"} or not _floating(x, t1, t2):
+        """``x.addcdiv_(t1, t2, value=a)`` (``addcmul``) as ``x.add_(a * (t1 / t2))``."""
+        if len(args) != 3 or set(kwargs) != {"value"} or not _floating(*args):
             return NotImplemented
-        p = a * _op(t1)
-        p = p / _op(t2) if div else p * _op(t2)
-        name = func.__name__
-        out = (x.add_ if name.endswith("_") else x.add)(p)
-        want = torch.result_type(x, t1)
-        return out if out.dtype == want else out.to(want)
+        x, t1, t2 = args
+        p = _cast(kwargs["value"], t1) * (_op(t1) / _op(t2) if div else _op(t1) * _op(t2))
+        if _inplace(func):
+            return x.add_(p)
+        want = torch.promote_types(torch.result_type(x, t1), torch.result_type(x, t2))
+        return _as(x.add(p), want)
 
     return rewrite
 
 
 def _foreach_add(func, args, kwargs):
-    """``_foreach_add_(xs, ys, alpha=a)`` (``sub``) as ``_foreach_add_(xs, ys * a)``."""
-    xs, ys = args[0], args[1]
-    a = kwargs["alpha"]
-    if set(kwargs) != {"alpha"} or len(args) != 2 or not isinstance(ys, (list, tuple)):
+    """``_foreach_add_(xs, ys, alpha=a)`` (``sub``) as ``_foreach_add_(xs, a * ys)``."""
+    if set(kwargs) != {"alpha"} or len(args) != 2 or not isinstance(args[1], (list, tuple)):
         return NotImplemented
+    xs, ys = args
     if not _floating(*xs, *ys):
         return NotImplemented
-    return func(xs, [a * _op(y) for y in ys])
+    out = func(xs, [_cast(kwargs["alpha"], y) * _op(y) for y in ys])
+    if _inplace(func):
+        return out
+    return [_as(o, torch.result_type(x, y)) for o, x, y in zip(out, xs, ys, strict=True)]
 
 
 def _foreach_addc(div: bool):
     def rewrite(func, args, kwargs):
         """``_foreach_addcdiv_(xs, t1s, t2s, a)`` (a number, a list of them, as tensors) as
-        ``_foreach_add_(xs, a * t1s / t2s)``."""
+        ``_foreach_add_(xs, a * (t1s / t2s))``."""
+        if len(args) < 3 or len(args) + len(kwargs) != 4:
+            return NotImplemented
         xs, t1s, t2s = args[:3]
         a = args[3] if len(args) > 3 else kwargs.get("value", kwargs.get("scalars"))
-        if len(args) + len(kwargs) != 4 or not _floating(*xs, *t1s, *t2s):
+        if not _floating(*xs, *t1s, *t2s):
             return NotImplemented
         scalars = list(a) if isinstance(a, (list, tuple)) else [a] * len(xs)
         if not all(_scalar_tensor(s) or type(s) in (int, float) for s in scalars):
             return NotImplemented
-        ps = []
-        for s, t1, t2 in zip(scalars, t1s, t2s, strict=True):
-            p = s * _op(t1)
-            ps.append(p / _op(t2) if div else p * _op(t2))
-        add = torch._foreach_add_ if func.__name__.endswith("_") else torch._foreach_add
-        return add(xs, ps)
+        ps = [
+            _cast(s, t1) * (_op(t1) / _op(t2) if div else _op(t1) * _op(t2))
+            for s, t1, t2 in zip(scalars, t1s, t2s, strict=True)
+        ]
+        if _inplace(func):
+            return torch._foreach_add_(xs, ps)
+        out = torch._foreach_add(xs, ps)
+        return [_as(o, x.dtype) for o, x in zip(out, xs, strict=True)]
 
     return rewrite
 
@@ -298,7 +326,8 @@ def _foreach_scalar(func, args, kwargs):
     xs = args[0]
     if not _floating(*xs):
         return NotImplemented
-    return func(*args[:-1], [args[-1]] * len(xs))
+    out = func(*args[:-1], [_cast(args[-1], x) for x in xs])
+    return out if _inplace(func) else [_as(o, x.dtype) for o, x in zip(out, xs, strict=True)]
 
 
 def _foreach_pow(func, args, kwargs):
@@ -307,7 +336,7 @@ def _foreach_pow(func, args, kwargs):
     a, es = args[0], args[1] if len(args) > 1 else kwargs.get("exponent")
     if len(args) + len(kwargs) != 2 or not _scalar_tensor(a) or not _floating(*es):
         return NotImplemented
-    return [torch.pow(a, e) for e in es]
+    return [torch.pow(_cast(a, e), e) for e in es]
 
 
 _REWRITES: dict = {}  # torch function -> (the argument to rewrite for, the rewrite)

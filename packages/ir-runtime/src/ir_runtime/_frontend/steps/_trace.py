@@ -204,15 +204,56 @@ def _recorded(step):
         if _STEPPED is None or _PAUSED[0]:
             return step(self, *args, **kwargs)
         reads = _tensor._HOST_READS
-        _STEPPED.append((_ref(self), 0 if reads is None else len(reads), bool(args or kwargs)))
+        opt = getattr(self, "optimizer", None)
+        # (ref, host reads before, with arguments, its optimizer's values before and after)
+        noted = [_ref(self), 0 if reads is None else len(reads), bool(args or kwargs)]
+        noted += [_values(opt), None]
+        _STEPPED.append(noted)
         _PAUSED[0] += 1
         try:
             return step(self, *args, **kwargs)
         finally:
             _PAUSED[0] -= 1
+            noted[4] = _values(opt)
 
     stepped._recorded = True
     return stepped
+
+
+def _values(opt) -> list | None:
+    """An optimizer's hyperparameters now, per group (a scheduler's doing is what its step
+    changed)."""
+    if not isinstance(opt, torch.optim.Optimizer):
+        return None
+    return [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+
+
+def _same_value(a, b) -> bool:
+    return a is b or (type(a) is type(b) and not isinstance(a, torch.Tensor) and bool(a == b))
+
+
+def _set_by_schedulers(entry, now, steps, inputs) -> bool:
+    """Whether every hyperparameter that differs between ``entry`` and ``now`` (``_values``) is
+    an input of the program (``inputs``: (group index, key)) that only the schedulers' steps
+    changed (``steps``: their (before, after) values, in order): a replay steps them again."""
+    if entry is None or now is None or len(entry) != len(now):
+        return False
+    for gi, (was, is_) in enumerate(zip(entry, now, strict=True)):
+        for k in {**was, **is_}:
+            a = was.get(k, _MISSING)
+            if _same_value(a, is_.get(k, _MISSING)):
+                continue
+            if (gi, k) not in inputs:
+                return False
+            for before, after in steps:
+                if len(before) <= gi or len(after) <= gi:
+                    return False
+                if not _same_value(a, before[gi].get(k, _MISSING)):
+                    return False  # changed outside a scheduler's step
+                a = after[gi].get(k, _MISSING)
+            if not _same_value(a, is_.get(k, _MISSING)):
+                return False
+    return True
 
 
 def _record_scheduler_steps() -> None:
@@ -286,8 +327,10 @@ class _Effects:
         elif isinstance(x, torch.optim.Optimizer):
             _PAUSED[0] += 1  # (reading its hyperparameters is not the call's doing)
             try:
-                # (its numbers as a scheduler the replay steps again may change them: loose)
-                guard = (OptimizerGuard(x), OptimizerGuard(x, None, _lend.numbers_of(x)))
+                # (its numbers as a scheduler the replay steps again may change them: loose;
+                # what changed is then checked against the schedulers' steps)
+                loose = OptimizerGuard(x, None, _lend.numbers_of(x))
+                guard = (OptimizerGuard(x), loose, _values(x))
             finally:
                 _PAUSED[0] -= 1
             state = {id(p): (p, dict(s)) for p, s in x.state.items()}
@@ -297,10 +340,12 @@ class _Effects:
             ref = (lambda y: lambda: y)(x)
         self.seen[id(x)] = (label, ref, dict(getattr(x, "__dict__", {})), guard, state)
 
-    def reasons(self, stepped=(), scheduled=()) -> list:
+    def reasons(self, stepped=(), scheduled=None, inputs=None) -> list:
         """Why the call cannot be replayed: each effect of it that a replay would not redo
         (``stepped``: ids of the schedulers a replay steps again, whose state is theirs;
-        ``scheduled``: ids of their optimizers, whose numbers they set)."""
+        ``scheduled``: id of each of their optimizers -> the (before, after) values of its
+        scheduler steps; ``inputs``: id of an optimizer -> its numbers the program reads)."""
+        scheduled = scheduled or {}
         out = []
         for label, ref, attrs, guard, state in self.seen.values():
             x = ref()
@@ -320,7 +365,16 @@ class _Effects:
                         f"outside the step"
                     )
             if type(guard) is tuple:
-                guard = guard[id(x) in scheduled]
+                strict, loose, entry = guard
+                guard = strict
+                steps = scheduled.get(id(x))
+                if (
+                    steps
+                    and not strict.holds()
+                    and loose.holds()
+                    and _set_by_schedulers(entry, _values(x), steps, inputs.get(id(x), ()))
+                ):
+                    guard = None  # its schedulers' doing, which a replay redoes
             if guard is not None and not guard.holds():
                 out.append(
                     f"it changes what a replay checks ({guard.why()}), which a replay would "
@@ -511,7 +565,8 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
             h.remove()
         stepped_optimizer(None, (), {})  # (a step that raised)
         stepped, _STEPPED = _STEPPED, outer
-    for ref, before, with_args in stepped:
+    scheduled: dict = {}  # id of an optimizer -> its replayed schedulers' (before, after) values
+    for ref, before, with_args, values_before, values_after in stepped:
         name = type(ref()).__name__
         if with_args:
             plan.reasons.append(
@@ -525,6 +580,8 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
             )
         else:
             plan.schedulers.append(ref)
+            opt = getattr(ref(), "optimizer", None)
+            scheduled.setdefault(id(opt), []).append((values_before, values_after))
     if seen.host_reads:
         plan.reasons.append(
             "it reads a tensor's value into Python (.item(), .cpu(), printing), so what it "
@@ -533,8 +590,8 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
     if seen.mark_steps:
         plan.reasons.append("it calls mark_step(); a compiled step runs as one program")
     if effects is not None:
-        scheduled = {id(getattr(r(), "optimizer", None)) for r in plan.schedulers}
-        plan.effects = effects.reasons({id(r()) for r in plan.schedulers}, scheduled)
+        inputs = {id(opt): lending.numbers(opt) for opt in optimizers.values()}
+        plan.effects = effects.reasons({id(r()) for r in plan.schedulers}, scheduled, inputs)
         plan.reasons += plan.effects
     out_leaves: list = []
     plan.structure = flatten(out, out_leaves)
