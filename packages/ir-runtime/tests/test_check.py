@@ -5,6 +5,7 @@ graph passes, a deep chain checks without recursion, and the cache runs it on mi
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
 import ir_runtime as irt
 from ir_core import DeviceData, Generic, OutputIndexError, Shape, Value
@@ -192,6 +193,17 @@ def test_more_outputs_than_the_schema_returns():
 def test_an_ir_op_of_the_wrong_arity():
     x = leaf()
     fires("ir-arity", [Value(node("ir::annotate", [x, x]))], "takes 1")
+
+
+def test_a_call_jax_node_names_a_registered_function_and_its_vjp_is_wired():
+    x = irt.to_lazy(torch.ones(4))
+    called = irt.call_jax(lambda a: a * 2, x)._ir.node
+    assert rules([Value(called)]) == []
+    made_up = node("ir::call_jax", [leaf()], attrs={"fn": "0" * 32, "name": "f"})
+    fires("jax-function", [Value(made_up)], "names no registered JAX function")
+    attrs = {**called.attrs, "wrt": (0,), "outs": (0,), "inputs": 1}
+    fires("jax-function", [Value(node("ir::call_jax_vjp", [leaf()], attrs=attrs))], "takes 2")
+    fires("ir-attrs", [Value(node("ir::call_jax", [leaf()], attrs={"fn": "x"}))], "'name'")
 
 
 def test_an_ir_op_without_the_attributes_its_rule_reads():

@@ -100,6 +100,7 @@ _FRONTEND = {
         "regions._shard_map",
     ),
     "scan_layers": "regions._scan",
+    **dict.fromkeys(("call_jax", "jax_op"), "regions._jax"),
     **dict.fromkeys(("mark_sharding_with_gradients", "shard_as"), "regions._layouts"),
     **dict.fromkeys(("CheckpointManager", "consolidated_state_dict"), "io._checkpoints"),
     "ShardedLoader": "io._loader",

@@ -37,7 +37,7 @@ from ir_runtime import _debug, _schema
 from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._errors import DTypeError, GraphError, UnsupportedOpError
 from ir_runtime._lowering import _registry
-from ir_runtime._lowering.regions import bodies
+from ir_runtime._lowering.regions import bodies, jax_call
 from ir_runtime._lowering.regions.scan import Body
 from ir_runtime._lowering.regions.shard_map import Region
 from ir_sharding import ShardingSpec, TupleSharding
@@ -345,6 +345,7 @@ _ARITY = {
     "ir::shard_alike": (2, 2),
 }
 _SCANS = ("ir::scan_layers", "ir::scan_layers_grad")
+_JAX_CALLS = ("ir::call_jax", "ir::call_jax_vjp")
 _SHARD_MAPS = ("ir::shard_map", "ir::shard_map_grad")
 _ATTRS = {
     **{op: ("offset", *names) for op, names in _RANDOM.items()},
@@ -352,6 +353,8 @@ _ATTRS = {
     **dict.fromkeys(_SCANS, ("body", "params", "layers")),
     "ir::shard_map": ("body", "in_specs", "out_specs"),
     "ir::shard_map_grad": ("body", "in_specs", "out_specs", "wrt", "outs"),
+    "ir::call_jax": ("fn", "name"),
+    "ir::call_jax_vjp": ("fn", "name", "wrt", "outs", "inputs"),
 }
 _SAME_SHAPES = ("ir::annotate", "ir::shard_alike", "ir::optimization_barrier")
 _KEY = ("uint32", (3,))
@@ -417,6 +420,31 @@ def _body_registered(n, walk):
     if _body(n) is None:
         return f"its body {name!r} is a {type(found).__name__}, not the body of an {n.op}"
     walk.enter(n, found)
+    return None
+
+
+def _jax_function(n, walk):
+    digest = n.attrs.get("fn")
+    if type(digest) is not str or digest not in jax_call.FUNCTIONS:
+        return (
+            f"its `fn` {digest!r} names no registered JAX function (more than "
+            f"{jax_call.FUNCTIONS.capacity} functions called since, or a name made up)"
+        )
+    if n.op == "ir::call_jax_vjp":
+        a = n.attrs
+        inputs, wrt, outs = a.get("inputs"), a.get("wrt"), a.get("outs")
+        if type(inputs) is not int or type(wrt) is not tuple or type(outs) is not tuple:
+            return f"its `inputs` {inputs!r}, `wrt` {wrt!r}, `outs` {outs!r} are not int, tuples"
+        if len(n.operands) != inputs + len(outs):
+            return (
+                f"has {len(n.operands)} operands; it takes {inputs + len(outs)}: {inputs} "
+                f"inputs, then one cotangent per output in `outs`"
+            )
+        if len(n.shapes) != len(wrt) or any(
+            type(k) is not int or not 0 <= k < inputs or n.shapes[j] != n.operands[k].shape
+            for j, k in enumerate(wrt)
+        ):
+            return f"its outputs {list(map(str, n.shapes))} are not the gradients of inputs {wrt}"
     return None
 
 
@@ -711,6 +739,14 @@ RULES = (
         _ir((*_SCANS, *_SHARD_MAPS)),
         _body_registered,
         "a `body` attribute names a registered body of the node's kind",
+    ),
+    Rule(
+        "jax-function",
+        "node",
+        _ir(_JAX_CALLS),
+        _jax_function,
+        "a call_jax node's `fn` names a registered JAX function; its vjp's operands are the "
+        "inputs and a cotangent per output in `outs`, its outputs one gradient per input in `wrt`",
     ),
     Rule(
         "scan-wiring",

@@ -116,10 +116,12 @@ def _global_shape(shape, entries, sizes: dict) -> tuple:
 _CHECKED = Bounded(256)  # (body, specs, mesh) already checked by jax
 
 
-def _check_with_jax(name, region, in_entries, out_entries, mesh, args, fn_name):
+def _check_with_jax(name, region, specs, mesh, args, fn_name):
     """jax's own checks of the traced region (what each output varies over against its out
-    spec, and every shape), once per body and specs."""
-    key = (name, in_entries, out_entries, mesh)
+    spec, unless ``check_vma`` is False, and every shape), once per body and specs: ``specs``
+    is ``(in_entries, out_entries, check_vma)``."""
+    in_entries, out_entries, check_vma = specs
+    key = (name, in_entries, out_entries, check_vma, mesh)
     if key in _CHECKED:
         return
     varies: list = []
@@ -129,7 +131,7 @@ def _check_with_jax(name, region, in_entries, out_entries, mesh, args, fn_name):
         varies[:] = [_varying(jax.typeof(o)) for o in outs]
         return outs
 
-    attrs = {"in_specs": in_entries, "out_specs": out_entries}
+    attrs = {"in_specs": in_entries, "out_specs": out_entries, "check_vma": check_vma}
     shapes = [t._ir.shape for t in args] + [f.shape for f in region.free]
     args = [jax.ShapeDtypeStruct(s.dims, to_numpy_dtype(s.dtype)) for s in shapes]
     try:
@@ -246,8 +248,10 @@ class _ShardMap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, meta, *inputs):
-        name, free, in_entries, out_entries, out_shapes, sharding, origin = meta
+        name, free, in_entries, out_entries, out_shapes, sharding, origin, check_vma = meta
         attrs = {"body": name, "in_specs": in_entries, "out_specs": out_entries}
+        if not check_vma:  # (only then an attribute: other regions' programs stay as they were)
+            attrs["check_vma"] = False
         operands = [t._ir for t in inputs] + free
         node = Generic("ir::shard_map", operands, out_shapes, attrs, sharding, origin)
         outs = tuple(wrap(Value(node, k)) for k in range(len(out_shapes)))
@@ -259,7 +263,7 @@ class _ShardMap(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         inputs = ctx.saved_tensors
-        name, free, in_entries, out_entries, out_shapes, sharding, origin = ctx.meta
+        name, free, in_entries, out_entries, out_shapes, sharding, origin, check_vma = ctx.meta
         for k, t in enumerate(inputs):
             if ctx.needs_input_grad[k + 1] and not _differentiable(t._ir.shape.dtype):
                 raise ShardingError(
@@ -286,6 +290,8 @@ class _ShardMap(torch.autograd.Function):
             "wrt": wrt,
             "outs": outs,
         }
+        if not check_vma:
+            attrs["check_vma"] = False
         operands = [t._ir for t in inputs] + free + cts
         shapes = [inputs[k]._ir.shape for k in wrt]
         node = Generic("ir::shard_map_grad", operands, shapes, attrs, grad_sharding, origin)
@@ -295,10 +301,15 @@ class _ShardMap(torch.autograd.Function):
         return (None, *first_order_only(out, "shard_map"))
 
 
-def shard_map(fn, mesh: Mesh, in_specs, out_specs):
+def shard_map(fn, mesh: Mesh, in_specs, out_specs, check_vma: bool = True):
     """``fn`` run on each device's shards (module docstring): returns a function of as many
     lazy tensors as ``in_specs`` has specs, whose results are placed as ``out_specs`` says (one
-    spec when ``fn`` returns one tensor, a sequence of them when it returns a tuple)."""
+    spec when ``fn`` returns one tensor, a sequence of them when it returns a tuple).
+    ``check_vma``: as ``jax.shard_map``'s: False turns off jax's tracking of what varies over
+    which axis, and with it the check that each out spec can hold its output (some jax code
+    needs that: jax's Pallas interpreter, called through ``call_jax``)."""
+    if type(check_vma) is not bool:
+        raise TypeError(f"shard_map: check_vma must be True or False, got {check_vma!r}")
     if not isinstance(mesh, Mesh):
         raise ShardingError(f"shard_map takes an ir_runtime.Mesh, got {type(mesh).__name__}")
     if not callable(fn):
@@ -334,7 +345,18 @@ def shard_map(fn, mesh: Mesh, in_specs, out_specs):
         )
         region, free, outs, several = _trace(fn, mesh, args, in_entries, sizes)
         return _record_region(
-            fn, mesh, args, out_specs, region, free, outs, several, in_entries, sizes, origin
+            fn,
+            mesh,
+            args,
+            out_specs,
+            region,
+            free,
+            outs,
+            several,
+            in_entries,
+            sizes,
+            origin,
+            check_vma,
         )
 
     mapped.__wrapped__ = fn
@@ -342,7 +364,7 @@ def shard_map(fn, mesh: Mesh, in_specs, out_specs):
 
 
 def _record_region(
-    fn, mesh, args, out_specs, region, free, outs, several, in_entries, sizes, origin
+    fn, mesh, args, out_specs, region, free, outs, several, in_entries, sizes, origin, check_vma
 ):
     """The region's node, recorded once its outputs are checked against ``out_specs``."""
     name = getattr(fn, "__qualname__", type(fn).__name__)
@@ -363,13 +385,13 @@ def _record_region(
         for k, (s, o) in enumerate(zip(specs, outs, strict=True))
     )
     body = add_region(region)
-    _check_with_jax(body, region, in_entries, out_entries, mesh, args, name)
+    _check_with_jax(body, region, (in_entries, out_entries, check_vma), mesh, args, name)
     out_shapes = [
         Shape(ir_dtype(o.dtype), _global_shape(tuple(o.shape), e, sizes))
         for o, e in zip(outs, out_entries, strict=True)
     ]
     sharding = TupleSharding([ShardingSpec(mesh, e) for e in out_entries])
-    meta = (body, free, in_entries, out_entries, out_shapes, sharding, origin)
+    meta = (body, free, in_entries, out_entries, out_shapes, sharding, origin, check_vma)
     results = _ShardMap.apply(meta, *args)
     return tuple(results) if several else results[0]
 

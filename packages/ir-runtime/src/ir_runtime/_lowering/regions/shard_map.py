@@ -98,7 +98,7 @@ def sharded(attrs, region: Region, mesh, body=None):
         mesh=mesh,
         in_specs=tuple(in_specs),
         out_specs=out_specs,
-        check_vma=True,
+        check_vma=attrs.get("check_vma", True),
     )
 
 
