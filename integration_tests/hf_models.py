@@ -47,6 +47,23 @@ def t5(seed=0):
     return _build(tf.T5ForConditionalGeneration, config, seed)
 
 
+def gpt2(seed=0):
+    """A GPT-2 LM (Conv1D layers, its head tied to the embedding) whose config has a pad token:
+    trained without an attention mask, transformers checks every batch for padding to warn."""
+    config = tf.GPT2Config(
+        vocab_size=96,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        pad_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return _build(tf.GPT2LMHeadModel, config, seed)
+
+
 def loss_of(model, ids, labels):
     """The model's training loss on a batch: BERT classifies (``labels``); the causal LMs and
     T5 predict the sequence ``ids`` itself."""
@@ -56,12 +73,9 @@ def loss_of(model, ids, labels):
 
 
 def training_step(eager, lazy):
-    """``step(model, ids, labels)`` for either model: AdamW (capturable on the lazy device, so
-    a compiled step replays); returns the loss, detached."""
-    opts = {
-        eager: torch.optim.AdamW(eager.parameters(), lr=1e-3),
-        lazy: torch.optim.AdamW(lazy.parameters(), lr=1e-3, capturable=True),
-    }
+    """``step(model, ids, labels)`` for either model: AdamW as written for eager (a compiled
+    step replays it: its numbers are lent to the traced step); returns the loss, detached."""
+    opts = {m: torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, lazy)}
 
     def step(model, ids, labels):
         loss = loss_of(model, ids, labels)

@@ -1,5 +1,6 @@
 """Hugging Face models trained on the lazy device under compile_step, on the 4x2 mesh with the
-batch sharded over "data": tiny Llama, Qwen2, BERT and T5 built from their configs (no weights
+batch sharded over "data": tiny Llama, Qwen2, BERT, T5 and GPT-2 (a pad token and no attention
+mask: transformers' padding check reads no lazy data) built from their configs (no weights
 downloaded, dropout off so eager is an exact oracle). Every one replays, with eager's losses."""
 
 import copy
@@ -22,10 +23,10 @@ def qwen2():
     return hf_models.causal("qwen2")
 
 
-bert, t5 = hf_models.bert, hf_models.t5
+bert, t5, gpt2 = hf_models.bert, hf_models.t5, hf_models.gpt2
 
 
-@pytest.mark.parametrize("make", [llama, qwen2, bert, t5], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("make", [llama, qwen2, bert, t5, gpt2], ids=lambda f: f.__name__)
 def test_a_hugging_face_model_trains_under_compile_step_and_replays(make):
     eager = make().train()
     lazy = irt.to_lazy(copy.deepcopy(eager))
@@ -43,6 +44,21 @@ def test_a_hugging_face_model_trains_under_compile_step_and_replays(make):
     assert compiled.replaying, compiled.reason or compiled.last_guard_failure
     assert (counters["StepTraced"], counters["StepReplay"]) == (3, 2)
     assert counters.get("StepGuardFailed", 0) == 0
+
+
+def test_a_padding_check_that_only_warns_reads_no_data_under_mark_step():
+    """GPT-2 without an attention mask: one program per step, no value read to the host."""
+    eager = gpt2().train()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    step = hf_models.training_step(eager, lazy)
+    for _ in range(2):
+        ids = torch.randint(1, 96, (4, 8))
+        want = step(eager, ids, None)
+        irt.reset_metrics()
+        got = step(lazy, irt.to_lazy(ids), None)
+        irt.mark_step()
+        assert irt.metrics()["counters"].get("HostRead", 0) == 0
+        torch.testing.assert_close(irt.to_torch(got), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])

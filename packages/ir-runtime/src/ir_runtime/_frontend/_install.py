@@ -6,8 +6,9 @@ tables; only ``install()`` touches torch: the Lazy dispatch key's kernels
 ``capturable=True`` (their ``_get_value`` leaving a lent step count lazy),
 ``torch.manual_seed`` counted (a reseed restarts the lazy random stream),
 ``torch._lazy.mark_step`` / ``wait_device_ops`` running this package's, ``torch.autocast``
-accepting ``device_type="lazy"``, and ``torch.utils.checkpoint`` recomputing behind an
-optimization barrier, with ``torch.lazy`` as the device module its RNG helpers use.
+accepting ``device_type="lazy"``, ``torch.utils.checkpoint`` recomputing behind an
+optimization barrier, with ``torch.lazy`` as the device module its RNG helpers use, and
+transformers' warn-only padding check skipping lazy inputs (``_transformers``).
 
 ``import ir_runtime`` registers one thing: a fallback for torch's Lazy dispatch key, which only
 an op with no kernel for that key reaches, where torch would raise. It calls ``on_lazy_key``:
@@ -21,6 +22,7 @@ import torch
 
 from ir_runtime._dtypes import enable_x64
 from ir_runtime._errors import UnsupportedOpError
+from ir_runtime._frontend import _transformers
 from ir_runtime._frontend.recording import (  # noqa: F401  (importing registers their handlers)
     _composites,
     _dispatch,
@@ -49,6 +51,7 @@ def install() -> None:
     _optim.install()
     _rng.install()
     _step.install()
+    _transformers.patch()
     _INSTALLED[0] = True
 
 

@@ -10,6 +10,7 @@ from ir_runtime import _metrics
 from ir_runtime._data import device_data, put
 from ir_runtime._dtypes import name_of
 from ir_runtime._execute import reshard
+from ir_runtime._frontend import _transformers
 from ir_runtime._frontend.recording._convert import host_numpy
 from ir_runtime._frontend.recording._device_orders import check_annotation
 from ir_runtime._frontend.recording._tensor import LazyTensor, as_value, live
@@ -33,6 +34,7 @@ def to_lazy(x):
     (its parameters become lazy ``Parameter``s) and returned.
     """
     if isinstance(x, torch.nn.Module):
+        _transformers.patch()  # (a Hugging Face model's warn-only checks read no lazy data)
         moved: dict = {}  # one lazy tensor per host tensor: tied weights stay tied
         for module in x.modules():
             for name, p in list(module._parameters.items()):

@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ir_core import DeviceData
 from ir_runtime import _donation, _runtime_checks
+from ir_runtime._frontend import _transformers
 from ir_runtime._frontend.recording import _rng, _tensor
 from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._tensor import LazyTensor, base_of, live, wrap
@@ -747,6 +748,7 @@ def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list
     ``(plan, the call's result leaves)``, the lazy ones holding their results. ``watch``:
     whether to look for its effects outside the program (``_Effects``); a plan made without
     must not be replayed, only compared with the next."""
+    _transformers.patch()  # (transformers imported since: its warn-only checks read no data)
     if any(_pending(t) for t in live()):
         _step.mark_step()  # the step's program holds only the step
     entry = _Entry(leaves)
