@@ -22,6 +22,15 @@ of the length so far: one more column each token, a new program each token even 
 cache. Here, with a static cache, each decoding forward is given that mask already at the
 cache's full length, zeros past the tokens so far (positions the causal mask hides anyway), so
 every step has the shapes of the one before: eager's tokens, two programs.
+
+transformers 5 builds a static cache's 4-d attention mask in ``generate`` itself, on the device
+of the token ids (the host here), from the cache's length, which is a lazy tensor: a read per
+token, and a mask of the length so far, a new shape per token. Here that mask is built on the
+lazy device instead (the model's ``create_masks_for_generate``, for the call's duration), from
+the 2-d mask at the cache's full length (zeros past the tokens so far, which the causal mask
+hides anyway): inside each token's program, with its shapes. The logits are read once every
+pending tensor has run (``mark_step``): each token's program holds the whole step, its cache
+updates included, so every token runs the same program.
 """
 
 from __future__ import annotations
@@ -32,12 +41,15 @@ import torch
 
 from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._tensor import LazyTensor
-from ir_runtime._frontend.steps._step import to_torch
+from ir_runtime._frontend.steps._step import mark_step, to_torch
+
+_NONE = object()
 
 
 def _logits_to_host(module, args, kwargs, out):
     logits = getattr(out, "logits", None)
     if isinstance(logits, LazyTensor):
+        mark_step()  # (the token's whole step, cache updates included: one program per token)
         out.logits = to_torch(logits)
     return out
 
@@ -45,9 +57,35 @@ def _logits_to_host(module, args, kwargs, out):
 def _static_length(cache):
     """The length of a static KV cache (an encoder-decoder's self-attention one), else None."""
     inner = getattr(cache, "self_attention_cache", cache)
-    get = getattr(inner, "get_max_cache_shape", None)
+    # (transformers 4's name, then 5's)
+    get = getattr(inner, "get_max_cache_shape", None) or getattr(inner, "get_max_length", None)
     n = get() if get is not None else None
     return n if isinstance(n, int) and n > 0 else None
+
+
+def _lazy_masks(model):
+    """``create_masks_for_generate`` (the model's own, or transformers') building the mask on
+    the lazy device from the 2-d mask at the static cache's full length (module docstring)."""
+    made = getattr(model, "create_masks_for_generate", None)  # (bound, as generate finds it)
+    if made is None:
+        from transformers.masking_utils import create_masks_for_generate as made
+
+    def create_masks_for_generate(*args, **kwargs):
+        for name in ("inputs_embeds", "input_embeds"):  # (transformers 5's name, 4's)
+            e = kwargs.get(name)
+            if isinstance(e, torch.Tensor) and not isinstance(e, LazyTensor):
+                kwargs[name] = torch.empty(e.shape, dtype=e.dtype, device="lazy")
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and not isinstance(mask, LazyTensor):
+            length = _static_length(kwargs.get("cache", kwargs.get("past_key_values")))
+            if length is not None and mask.ndim == 2:
+                full = mask.new_zeros(mask.shape[0], length)
+                full[:, : mask.shape[-1]] = mask
+                mask = full
+            kwargs["attention_mask"] = to_lazy(mask)
+        return made(*args, **kwargs)
+
+    return create_masks_for_generate
 
 
 def _full_decoder_mask(module, args, kwargs):
@@ -91,6 +129,8 @@ def generate(model, inputs=None, **kwargs):
     model.__dict__.pop("_cache", None)  # a fresh static cache (module docstring)
     hook = model.register_forward_hook(_logits_to_host, with_kwargs=True)
     masks = model.register_forward_pre_hook(_full_decoder_mask, with_kwargs=True)
+    own = model.__dict__.get("create_masks_for_generate", _NONE)
+    model.create_masks_for_generate = _lazy_masks(model)
     try:
         with warnings.catch_warnings():
             # Host token ids beside a lazy model are the point here, not a mistake.
@@ -99,6 +139,10 @@ def generate(model, inputs=None, **kwargs):
     finally:
         hook.remove()
         masks.remove()
+        if own is _NONE:
+            del model.create_masks_for_generate
+        else:
+            model.create_masks_for_generate = own
     if not lazy_inputs:
         return out
     if isinstance(out, torch.Tensor):
