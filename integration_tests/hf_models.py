@@ -6,11 +6,12 @@ import transformers as tf
 
 
 def causal(kind="llama", vocab_size=96, hidden_size=32, layers=2, seed=0, **overrides):
-    """A Llama or Qwen2 causal LM: 4 attention heads over 2 key/value heads; ``overrides``
-    are more config fields (``tie_word_embeddings=True``)."""
+    """A Llama, Qwen2 or Mistral causal LM: 4 attention heads over 2 key/value heads;
+    ``overrides`` are more config fields (``tie_word_embeddings=True``, ``sliding_window=4``)."""
     config_class, model_class = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
     }[kind]
     config = config_class(
         vocab_size=vocab_size,
@@ -64,11 +65,30 @@ def gpt2(seed=0):
     return _build(tf.GPT2LMHeadModel, config, seed)
 
 
+def vit(seed=0):
+    """A ViT image classifier over 3 labels: 16x16 RGB images in 4x4 patches."""
+    config = tf.ViTConfig(
+        image_size=16,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=3,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return _build(tf.ViTForImageClassification, config, seed)
+
+
 def loss_of(model, ids, labels):
-    """The model's training loss on a batch: BERT classifies (``labels``); the causal LMs and
-    T5 predict the sequence ``ids`` itself."""
+    """The model's training loss on a batch: BERT and ViT classify (``labels``; ViT's ``ids``
+    are images); the causal LMs and T5 predict the sequence ``ids`` itself."""
     if isinstance(model, tf.BertForSequenceClassification):
         return model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+    if isinstance(model, tf.ViTForImageClassification):  # (``ids``: the images)
+        return model(pixel_values=ids, labels=labels).loss
     return model(input_ids=ids, labels=ids).loss
 
 

@@ -1,7 +1,8 @@
 """Hugging Face models trained on the lazy device under compile_step, on the 4x2 mesh with the
-batch sharded over "data": tiny Llama, Qwen2, BERT, T5 and GPT-2 (a pad token and no attention
-mask: transformers' padding check reads no lazy data) built from their configs (no weights
-downloaded, dropout off so eager is an exact oracle). Every one replays, with eager's losses."""
+batch sharded over "data": tiny Llama, Qwen2, Mistral (a sliding window shorter than the
+sequence), BERT, T5, GPT-2 (a pad token and no attention mask: transformers' padding check reads
+no lazy data) and ViT (images) built from their configs (no weights downloaded, dropout off so
+eager is an exact oracle). Every one replays, with eager's losses."""
 
 import copy
 
@@ -23,10 +24,17 @@ def qwen2():
     return hf_models.causal("qwen2")
 
 
+def mistral():  # (a window shorter than the batch's sequence: the sliding mask is in play)
+    return hf_models.causal("mistral", sliding_window=4)
+
+
 bert, t5, gpt2 = hf_models.bert, hf_models.t5, hf_models.gpt2
 
 
-@pytest.mark.parametrize("make", [llama, qwen2, bert, t5, gpt2], ids=lambda f: f.__name__)
+MODELS = [llama, qwen2, mistral, bert, t5, gpt2, hf_models.vit]
+
+
+@pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
 def test_a_hugging_face_model_trains_under_compile_step_and_replays(make):
     eager = make().train()
     lazy = irt.to_lazy(copy.deepcopy(eager))
@@ -35,9 +43,11 @@ def test_a_hugging_face_model_trains_under_compile_step_and_replays(make):
     irt.reset_metrics()
     for _ in range(5):
         ids, labels = torch.randint(1, 96, (4, 8)), torch.randint(0, 3, (4,))
+        if make is hf_models.vit:
+            ids = torch.randn(4, 3, 16, 16)
         want = step(eager, ids, labels)
         lids, llabels = irt.to_lazy(ids), irt.to_lazy(labels)
-        irt.mark_sharding(lids, MESH, ("data", None))
+        irt.mark_sharding(lids, MESH, ("data",) + (None,) * (lids.dim() - 1))
         got = compiled(lazy, lids, llabels)
         torch.testing.assert_close(irt.to_torch(got), want, rtol=1e-5, atol=1e-5)
     counters = irt.metrics()["counters"]
