@@ -1,5 +1,6 @@
-"""Hugging Face generation on the lazy device: a tiny Llama built from its config (no weights
-downloaded), greedy decoding of a left-padded batch, against the same model in torch eager."""
+"""Hugging Face generation on the lazy device: a tiny Llama (GPT-2, Mistral, T5) built from its
+config (no weights downloaded), greedy decoding of a left-padded batch, against the same model
+in torch eager."""
 
 import copy
 
@@ -61,6 +62,30 @@ def host_generate(model, ids, mask, new_tokens, **kwargs):
     kwargs = {"max_new_tokens": new_tokens, "pad_token_id": 0, **kwargs}
     with torch.no_grad():
         return irt.generate(model, ids, attention_mask=mask, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: hf_models.gpt2().eval(),
+        lambda: hf_models.causal("mistral", sliding_window=4).eval(),
+    ],
+    ids=["gpt2", "mistral-sliding"],
+)
+def test_gpt2_and_mistral_generate_eagers_tokens_with_a_bounded_number_of_programs(make):
+    """GPT-2 (its head tied to its embedding) and Mistral (a window of 4, shorter than the 5
+    prompt tokens and the 8 generated), greedy from a left-padded batch with the static cache."""
+    eager = make()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids, mask = left_padded_batch()
+    want = generate(eager, ids, mask, 8, "static")
+    irt.CACHE.clear()
+    irt.reset_metrics()
+    got = host_generate(lazy, ids, mask, 8, cache_implementation="static")
+    assert torch.equal(got, want)
+    counters = irt.metrics()["counters"]
+    # (the prefill and the decoding step; a sliding window's first decoding step may differ)
+    assert counters["CompileCount"] <= 3 and counters["CacheHit"] >= 8 - 3, counters
 
 
 @pytest.mark.parametrize("new_tokens", [4, 12])

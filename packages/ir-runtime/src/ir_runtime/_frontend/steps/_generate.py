@@ -63,9 +63,11 @@ def _static_length(cache):
     return n if isinstance(n, int) and n > 0 else None
 
 
-def _lazy_masks(model):
+def _lazy_masks(model, total: int | None):
     """``create_masks_for_generate`` (the model's own, or transformers') building the mask on
-    the lazy device from the 2-d mask at the static cache's full length (module docstring)."""
+    the lazy device from the 2-d mask at the static cache's full length, or the generation's
+    (``total``: prompt and new tokens) when that is longer (a sliding window's cache holds
+    the window only): module docstring."""
     made = getattr(model, "create_masks_for_generate", None)  # (bound, as generate finds it)
     if made is None:
         from transformers.masking_utils import create_masks_for_generate as made
@@ -78,7 +80,9 @@ def _lazy_masks(model):
         mask = kwargs.get("attention_mask")
         if isinstance(mask, torch.Tensor) and not isinstance(mask, LazyTensor):
             length = _static_length(kwargs.get("cache", kwargs.get("past_key_values")))
-            if length is not None and mask.ndim == 2:
+            if length is not None and total is not None:
+                length = max(length, total)
+            if length is not None and mask.ndim == 2 and mask.shape[-1] <= length:
                 full = mask.new_zeros(mask.shape[0], length)
                 full[:, : mask.shape[-1]] = mask
                 mask = full
@@ -86,6 +90,22 @@ def _lazy_masks(model):
         return made(*args, **kwargs)
 
     return create_masks_for_generate
+
+
+def _total(model, inputs, kwargs) -> int | None:
+    """The length a generation reaches: its prompt and new tokens (None when unknown)."""
+    ids = inputs if inputs is not None else kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return None
+    new = kwargs.get("max_new_tokens")
+    if isinstance(new, int):
+        return ids.shape[-1] + new
+    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    n = getattr(config, "max_new_tokens", None)
+    if isinstance(n, int):
+        return ids.shape[-1] + n
+    n = kwargs.get("max_length", getattr(config, "max_length", None))
+    return n if isinstance(n, int) else None
 
 
 def _full_decoder_mask(module, args, kwargs):
@@ -130,7 +150,7 @@ def generate(model, inputs=None, **kwargs):
     hook = model.register_forward_hook(_logits_to_host, with_kwargs=True)
     masks = model.register_forward_pre_hook(_full_decoder_mask, with_kwargs=True)
     own = model.__dict__.get("create_masks_for_generate", _NONE)
-    model.create_masks_for_generate = _lazy_masks(model)
+    model.create_masks_for_generate = _lazy_masks(model, _total(model, inputs, kwargs))
     try:
         with warnings.catch_warnings():
             # Host token ids beside a lazy model are the point here, not a mistake.
