@@ -145,6 +145,22 @@ def bench_source_lines(n, rounds):
     return out
 
 
+def timed_blocks(systems: dict, steps: int, waits: dict) -> dict:
+    """Seconds per step of each system (name -> step function), per block of ``BLOCK`` steps,
+    the systems alternating block by block; ``waits``: name -> what ends a block (waiting for
+    its last program)."""
+    samples = {name: [] for name in systems}
+    for _ in range(max(3, steps // BLOCK)):
+        for name, step in systems.items():
+            t0 = time.perf_counter()
+            for _ in range(BLOCK):
+                step()
+            waits.get(name, lambda: None)()
+            samples[name].append((time.perf_counter() - t0) / BLOCK)
+            time.sleep(0.02)  # let spinning worker threads (torch's OpenMP, XLA's) go idle
+    return samples
+
+
 def bench_step(batch, n_in, n_out, steps):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, n_in)).astype(np.float32)
@@ -217,15 +233,7 @@ def bench_step(batch, n_in, n_out, steps):
         for _ in range(3):
             step()
         waits.get(name, lambda: None)()
-    samples = {name: [] for name in systems}
-    for _ in range(max(3, steps // BLOCK)):
-        for name, step in systems.items():
-            t0 = time.perf_counter()
-            for _ in range(BLOCK):
-                step()
-            waits.get(name, lambda: None)()
-            samples[name].append((time.perf_counter() - t0) / BLOCK)
-            time.sleep(0.02)  # let spinning worker threads (torch's OpenMP, XLA's) go idle
+    samples = timed_blocks(systems, steps, waits)
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     lazy_us, compiled_us = med["ir_runtime lazy"], med["ir_runtime compile_step"]
     return {
@@ -278,15 +286,7 @@ def bench_schedule(steps):
             step()
     irt.wait_device_ops()
     traced = irt.metrics()["counters"]["StepTraced"]
-    samples = {name: [] for name in systems}
-    for _ in range(max(3, steps // BLOCK)):
-        for name, step in systems.items():
-            t0 = time.perf_counter()
-            for _ in range(BLOCK):
-                step()
-            irt.wait_device_ops()
-            samples[name].append((time.perf_counter() - t0) / BLOCK)
-            time.sleep(0.02)
+    samples = timed_blocks(systems, steps, dict.fromkeys(systems, irt.wait_device_ops))
     counters = irt.metrics()["counters"]
     med = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     ratios = [

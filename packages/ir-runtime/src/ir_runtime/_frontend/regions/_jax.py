@@ -31,9 +31,12 @@ from ir_core import Generic, Shape, Value
 from ir_runtime._bounded import Bounded
 from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._frontend.recording import _fast
-from ir_runtime._frontend.recording._convert import IR_TO_TORCH
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
-from ir_runtime._frontend.regions._shard_map import first_order_only
+from ir_runtime._frontend.regions._shard_map import (
+    _differentiable,
+    cotangents,
+    first_order_only,
+)
 from ir_runtime._lowering.regions.jax_call import FUNCTIONS
 
 # (fn, argument structure, shapes and dtypes, static values) -> (digest, name, output
@@ -49,12 +52,15 @@ def _name(fn) -> str:
     return f"{module}.{name}" if module else name
 
 
-def _flat(fn, in_spec, static):
-    """``fn`` as the node's function: flat arrays in, a flat list out."""
+def _flat(fn, in_spec, static, out_tree=None):
+    """``fn`` as the node's function: flat arrays in, a flat list out (``out_tree``: a list
+    that gets the output's structure when jax traces it)."""
 
     def flat(*arrays):
         args = pytree.tree_unflatten(list(arrays), in_spec)
-        leaves, _ = jax.tree_util.tree_flatten(fn(*args, **static))
+        leaves, tree = jax.tree_util.tree_flatten(fn(*args, **static))
+        if out_tree is not None:
+            out_tree[:] = [tree]
         return leaves
 
     return flat
@@ -79,14 +85,8 @@ def _trace(fn, in_spec, tensors, static):
         return found
     name = _name(fn)
     avals = [jax.ShapeDtypeStruct(dims, to_numpy_dtype(dtype)) for dims, dtype in shapes]
-    out_tree = []
-
-    def flat(*arrays):
-        args = pytree.tree_unflatten(list(arrays), in_spec)
-        leaves, tree = jax.tree_util.tree_flatten(fn(*args, **static))
-        out_tree[:] = [tree]
-        return leaves
-
+    out_tree: list = []
+    flat = _flat(fn, in_spec, static, out_tree)
     try:
         outs = jax.eval_shape(flat, *avals)
         text = jax.jit(flat).lower(*avals).as_text()
@@ -122,10 +122,6 @@ def _signature(shapes) -> str:
     return ", ".join(f"{dtype}{list(dims)}" for dims, dtype in shapes) or "no arrays"
 
 
-def _differentiable(dtype: str) -> bool:
-    return dtype in _fast.FLOATS
-
-
 class _CallJax(torch.autograd.Function):
     """The call as one node; its backward, the vjp node."""
 
@@ -154,13 +150,7 @@ class _CallJax(torch.autograd.Function):
         outs = tuple(k for k, s in enumerate(out_shapes) if _differentiable(s.dtype))
         if not wrt:
             return (None,) * (len(inputs) + 1)
-        cts = []
-        for k in outs:
-            g = grads[k]
-            if g is None:  # a result the loss does not use
-                s = out_shapes[k]
-                g = torch.zeros(s.dims, dtype=IR_TO_TORCH[s.dtype], device="lazy")
-            cts.append(g._ir)
+        cts = cotangents(grads, outs, out_shapes)
         attrs = {"fn": digest, "name": name, "wrt": wrt, "outs": outs, "inputs": len(inputs)}
         shapes = [inputs[k]._ir.shape for k in wrt]
         operands = [t._ir for t in inputs] + cts

@@ -243,6 +243,19 @@ def _differentiable(dtype: str) -> bool:
     return dtype in _fast.FLOATS
 
 
+def cotangents(grads, outs, out_shapes) -> list:
+    """The values of the gradients ``grads`` of outputs ``outs`` (their ``out_shapes``), as a
+    vjp node's operands: zeros for an output the loss does not use."""
+    cts = []
+    for k in outs:
+        g = grads[k]
+        if g is None:
+            s = out_shapes[k]
+            g = torch.zeros(s.dims, dtype=IR_TO_TORCH[s.dtype], device="lazy")
+        cts.append(g._ir)
+    return cts
+
+
 class _ShardMap(torch.autograd.Function):
     """The region's forward as one node; its backward, the region's vjp node."""
 
@@ -274,13 +287,7 @@ class _ShardMap(torch.autograd.Function):
         outs = tuple(k for k, s in enumerate(out_shapes) if _differentiable(s.dtype))
         if not wrt:
             return (None,) * (len(inputs) + 1)
-        cts = []
-        for k in outs:
-            g = grads[k]
-            if g is None:  # an output the loss does not use
-                s = out_shapes[k]
-                g = torch.zeros(s.dims, dtype=IR_TO_TORCH[s.dtype], device="lazy")
-            cts.append(g._ir)
+        cts = cotangents(grads, outs, out_shapes)
         mesh = sharding.specs[0].mesh if isinstance(sharding, TupleSharding) else sharding.mesh
         grad_sharding = TupleSharding([ShardingSpec(mesh, in_entries[k]) for k in wrt])
         attrs = {
