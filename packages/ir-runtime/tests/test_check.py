@@ -206,6 +206,29 @@ def test_a_call_jax_node_names_a_registered_function_and_its_vjp_is_wired():
     fires("ir-attrs", [Value(node("ir::call_jax", [leaf()], attrs={"fn": "x"}))], "'name'")
 
 
+def test_an_attention_node_is_torchs_contract():
+    q, k, v = (irt.to_lazy(torch.ones(2, 4, 3, 8)).requires_grad_() for _ in range(3))
+    mask = irt.to_lazy(torch.ones(3, 3, dtype=torch.bool))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.sum().backward()
+    fwd, back = out._ir.node, q.grad._ir.node
+    assert rules([Value(back, 0)]) == []
+    a, b = leaf(Shape("float32", (2, 4, 3, 8))), leaf(Shape("float32", (2, 3, 3, 8)))
+    lse = Shape("float32", (2, 4, 3))
+    attrs = dict(fwd.attrs)
+    bad = node("ir::attention", [a, b, b], (a.shape, lse), attrs)
+    fires("attention-shapes", [Value(bad)], "q's heads a multiple of k's")
+    bad = node("ir::attention", [a, a, a, leaf(Shape("float32", (5, 3)))], (a.shape, lse), attrs)
+    fires("attention-shapes", [Value(bad)], "broadcastable to [2, 4, 3, 3]")
+    bad = node("ir::attention", [a, a, a], (a.shape, Shape("bfloat16", (2, 4, 3))), attrs)
+    fires("attention-shapes", [Value(bad)], "for these operands")
+    bad = node("ir::attention", [a, a, a], (a.shape, lse), {**attrs, "scale": 1})
+    fires("attention-shapes", [Value(bad)], "a bool and a float")
+    fires("ir-attrs", [Value(node("ir::attention", [a, a, a], (a.shape, lse), {}))], "'causal'")
+    short = node("ir::attention_backward", list(back.operands[:5]), back.shapes, back.attrs)
+    fires("attention-shapes", [Value(short)], "takes 6, or 7 with a mask")
+
+
 def test_an_ir_op_without_the_attributes_its_rule_reads():
     key = leaf(KEY)
     fires("ir-attrs", [Value(node("ir::random_uniform", [key], attrs={"offset": 0}))], "'low'")

@@ -90,7 +90,8 @@ def test_importing_any_front_end_module_is_passive_and_the_rule_table_is_complet
         for name in ("ir::scan_layers", "ir::scan_layers_grad", "ir::shard_map",
                      "ir::shard_map_grad", "ir::all_reduce", "ir::all_gather",
                      "ir::reduce_scatter", "ir::all_to_all", "ir::ppermute", "ir::axis_index",
-                     "ir::call_jax", "ir::call_jax_vjp"):
+                     "ir::call_jax", "ir::call_jax_vjp", "ir::attention",
+                     "ir::attention_backward"):
             assert name in ops, name
         import ir_runtime._frontend as fe
         names = [m.name for m in pkgutil.walk_packages(fe.__path__, "ir_runtime._frontend.")]

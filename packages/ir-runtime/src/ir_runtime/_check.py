@@ -32,11 +32,12 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from ir_core import DeviceData, Value, post_order
+from ir_core import DeviceData, Shape, Value, post_order
 from ir_runtime import _debug, _schema
-from ir_runtime._dtypes import to_numpy_dtype
+from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._errors import DTypeError, GraphError, UnsupportedOpError
 from ir_runtime._lowering import _registry
+from ir_runtime._lowering.attention import wide_dtype
 from ir_runtime._lowering.regions import bodies, jax_call
 from ir_runtime._lowering.regions.scan import Body
 from ir_runtime._lowering.regions.shard_map import Region
@@ -347,6 +348,7 @@ _ARITY = {
 _SCANS = ("ir::scan_layers", "ir::scan_layers_grad")
 _JAX_CALLS = ("ir::call_jax", "ir::call_jax_vjp")
 _SHARD_MAPS = ("ir::shard_map", "ir::shard_map_grad")
+_ATTENTIONS = ("ir::attention", "ir::attention_backward")
 _ATTRS = {
     **{op: ("offset", *names) for op, names in _RANDOM.items()},
     **_COLLECTIVES,
@@ -355,6 +357,7 @@ _ATTRS = {
     "ir::shard_map_grad": ("body", "in_specs", "out_specs", "wrt", "outs"),
     "ir::call_jax": ("fn", "name"),
     "ir::call_jax_vjp": ("fn", "name", "wrt", "outs", "inputs"),
+    **dict.fromkeys(_ATTENTIONS, ("causal", "scale")),
 }
 _SAME_SHAPES = ("ir::annotate", "ir::shard_alike", "ir::optimization_barrier")
 _KEY = ("uint32", (3,))
@@ -420,6 +423,41 @@ def _body_registered(n, walk):
     if _body(n) is None:
         return f"its body {name!r} is a {type(found).__name__}, not the body of an {n.op}"
     walk.enter(n, found)
+    return None
+
+
+def _attention(n, walk):
+    back = n.op == "ir::attention_backward"
+    counts = (6, 7) if back else (3, 4)
+    if len(n.operands) not in counts:
+        return f"has {len(n.operands)} operands; it takes {counts[0]}, or {counts[1]} with a mask"
+    causal, scale = n.attrs.get("causal"), n.attrs.get("scale")
+    if type(causal) is not bool or type(scale) is not float:
+        return f"`causal` {causal!r} and `scale` {scale!r}: a bool and a float"
+    q, k, v = (o.shape for o in n.operands[back : back + 3])
+    if not (len(q.dims) == len(k.dims) == len(v.dims) >= 3) or not (
+        q.dims[:-3] == k.dims[:-3] == v.dims[:-3] and q.dtype == k.dtype == v.dtype
+    ):
+        return f"q {q}, k {k}, v {v}: one dtype, rank 3 or more, the same batch dimensions"
+    (hq, lq, e), (hk, s, ek), (hv, sv, ev) = q.dims[-3:], k.dims[-3:], v.dims[-3:]
+    if hq % hk or (hv, sv, ek) != (hk, s, e):
+        return f"q {q}, k {k}, v {v}: q's heads a multiple of k's, k and v alike, q and k's E"
+    if len(n.operands) == counts[1]:
+        mask, logits = n.operands[-1].shape, (*q.dims[:-1], s)
+        fits = len(mask.dims) <= len(logits) and all(
+            m in (1, d) for m, d in zip(reversed(mask.dims), reversed(logits), strict=False)
+        )
+        if mask.dtype not in ("bool", q.dtype) or not fits:
+            return f"the mask {mask} is bool or q's dtype, broadcastable to {list(logits)}"
+    out = Shape(q.dtype, (*q.dims[:-1], ev))
+    lse = Shape(name_of(wide_dtype(to_numpy_dtype(q.dtype))), q.dims[:-1])
+    if back:
+        given = [n.operands[0].shape, n.operands[4].shape, n.operands[5].shape]
+        if given != [out, out, lse]:
+            return f"the gradient, output and log-sum-exp are {given}; they are {[out, out, lse]}"
+    want = [q, k, v] if back else [out, lse]
+    if list(n.shapes) != want:
+        return f"its outputs are {list(n.shapes)}; for these operands they are {want}"
     return None
 
 
@@ -747,6 +785,13 @@ RULES = (
         _jax_function,
         "a call_jax node's `fn` names a registered JAX function; its vjp's operands are the "
         "inputs and a cotangent per output in `outs`, its outputs one gradient per input in `wrt`",
+    ),
+    Rule(
+        "attention-shapes",
+        "node",
+        _ir(_ATTENTIONS),
+        _attention,
+        "an attention op's q, k, v, mask and outputs are as scaled_dot_product_attention's",
     ),
     Rule(
         "scan-wiring",

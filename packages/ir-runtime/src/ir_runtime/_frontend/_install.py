@@ -8,7 +8,9 @@ tables; only ``install()`` touches torch: the Lazy dispatch key's kernels
 ``torch._lazy.mark_step`` / ``wait_device_ops`` running this package's, ``torch.autocast``
 accepting ``device_type="lazy"``, ``torch.utils.checkpoint`` recomputing behind an
 optimization barrier, with ``torch.lazy`` as the device module its RNG helpers use, and
-transformers' warn-only padding check skipping lazy inputs (``_transformers``).
+transformers' warn-only padding check skipping lazy inputs (``_transformers``), and
+``scaled_dot_product_attention`` recorded as one ``ir::attention`` op at the lazy device's
+autograd key (``regions/_attention``).
 
 ``import ir_runtime`` registers one thing: a fallback for torch's Lazy dispatch key, which only
 an op with no kernel for that key reaches, where torch would raise. It calls ``on_lazy_key``:
@@ -33,7 +35,7 @@ from ir_runtime._frontend.recording import (  # noqa: F401  (importing registers
     _rng,
     _samplers,
 )
-from ir_runtime._frontend.regions import _autocast, _recompute
+from ir_runtime._frontend.regions import _attention, _autocast, _recompute
 from ir_runtime._frontend.steps import _step
 
 _INSTALLED = [False]
@@ -45,6 +47,7 @@ def install() -> None:
         return
     enable_x64()
     _dispatch.configure_origins()
+    _attention.install()
     _autocast.install()
     _recompute.install()
     _factories.install()

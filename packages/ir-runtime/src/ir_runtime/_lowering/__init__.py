@@ -12,6 +12,7 @@ optional tensor argument that was None is an attribute set to None instead of an
 """
 
 from ir_runtime._lowering import (  # noqa: F401  (importing registers the rules)
+    attention,
     comparison,
     elementwise,
     fft,
