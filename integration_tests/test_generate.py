@@ -3,6 +3,7 @@ config (no weights downloaded), greedy decoding of a left-padded batch, against 
 in torch eager."""
 
 import copy
+import warnings
 
 import hf_models
 import pytest
@@ -41,19 +42,22 @@ def test_greedy_generation_gives_eagers_tokens(cache):
     assert torch.equal(irt.to_torch(got), want)
 
 
-def test_each_token_runs_a_program_of_that_token_only():
-    """Every stopping check reads one flag; the read runs the pending tensors that share its
-    graph (the new tokens, the key/value cache), so the next token's program starts from data:
-    the largest program does not grow with the number of tokens generated."""
+@pytest.mark.parametrize("cache", [None, "dynamic"])
+def test_each_token_runs_a_program_of_that_token_only(cache):
+    """Each token's logits are read once its whole step has run (the new tokens, the key/value
+    cache), so the next token's program starts from data: the largest program does not grow
+    with the number of tokens generated, with the static cache or a growing one."""
     ids, mask = left_padded_batch()
     largest = []
     for new_tokens in (3, 6):
         lazy = irt.to_lazy(tiny_llama())
         irt.CACHE.clear()
         irt.reset_metrics()
-        generate(lazy, irt.to_lazy(ids), irt.to_lazy(mask), new_tokens, None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", irt.GenerationWarning)
+            generate(lazy, irt.to_lazy(ids), irt.to_lazy(mask), new_tokens, cache)
         m = irt.metrics()
-        assert m["counters"]["HostRead"] >= new_tokens
+        assert m["counters"]["ExecuteCount"] >= new_tokens
         largest.append(m["timers"]["GraphNodes"]["max"])
     assert largest[0] == largest[1], largest
 
@@ -146,3 +150,110 @@ def test_an_encoder_decoder_with_the_static_cache_compiles_a_bounded_number_of_p
     assert torch.equal(got, want)
     counters = irt.metrics()["counters"]
     assert counters["CompileCount"] <= 3 and counters["CacheHit"] >= new_tokens - 2, counters
+
+
+class Collect:
+    """A streamer (transformers' ``BaseStreamer`` protocol): every ``put`` and the ``end``."""
+
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.clone())
+
+    def end(self):
+        self.ended += 1
+
+
+class StopAtLength:
+    """A user's stopping criterion: every row done once the sequence reaches ``n``."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[-1] >= self.n)
+
+
+@pytest.mark.parametrize("new_tokens", [8, 16])
+def test_plain_generate_on_a_lazy_model_gives_eagers_tokens_with_a_bounded_number_of_programs(
+    new_tokens,
+):
+    """``model.generate`` with default arguments, as a user calls it first: the lazy model takes
+    irt.generate's path with the static cache, so 8 or 16 tokens compile the same programs."""
+    eager = tiny_llama()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids, mask = left_padded_batch()
+    want = generate(eager, ids, mask, new_tokens, None)
+    irt.CACHE.clear()
+    irt.reset_metrics()
+    got = generate(lazy, irt.to_lazy(ids), irt.to_lazy(mask), new_tokens, None)
+    assert isinstance(got, irt.LazyTensor)
+    assert torch.equal(irt.to_torch(got), want)
+    counters = irt.metrics()["counters"]
+    assert counters["CompileCount"] <= 3 and counters["CacheHit"] >= new_tokens - 3, counters
+    assert counters["HostRead"] == 0, counters  # (the logits come back as the step's result)
+
+
+def test_plain_generate_samples_with_processors_stopping_criteria_and_a_streamer_as_eager():
+    from transformers import StoppingCriteriaList
+
+    eager = tiny_llama()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids, mask = left_padded_batch()
+    kwargs = {
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_k": 30,
+        "top_p": 0.9,
+        "repetition_penalty": 1.3,
+        "max_new_tokens": 12,
+        "pad_token_id": 0,
+    }
+    runs = []
+    for model, (i, m) in ((eager, (ids, mask)), (lazy, (irt.to_lazy(ids), irt.to_lazy(mask)))):
+        streamer = Collect()
+        torch.manual_seed(3)
+        with torch.no_grad():
+            out = model.generate(
+                i,
+                attention_mask=m,
+                streamer=streamer,
+                stopping_criteria=StoppingCriteriaList([StopAtLength(ids.shape[1] + 7)]),
+                **kwargs,
+            )
+        runs.append((irt.to_torch(out), streamer))
+    (want, eager_stream), (got, lazy_stream) = runs
+    assert want.shape[1] == ids.shape[1] + 7  # (stopped by the criterion, not max_new_tokens)
+    assert torch.equal(got, want)
+    assert lazy_stream.ended == eager_stream.ended == 1
+    assert len(lazy_stream.puts) == len(eager_stream.puts)
+    assert all(torch.equal(a, b) for a, b in zip(lazy_stream.puts, eager_stream.puts))
+
+
+def test_what_plain_generate_cannot_bound_is_refused_by_name_and_the_model_still_works():
+    from transformers import DynamicCache
+
+    eager = tiny_llama()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids, mask = left_padded_batch()
+    refused = {
+        "beam search": {"num_beams": 2},
+        "assisted generation": {"assistant_model": lazy},
+        "`past_key_values`": {"past_key_values": DynamicCache()},
+    }
+    for name, kwargs in refused.items():
+        with pytest.raises(irt.UnsupportedOpError, match=name):
+            lazy.generate(ids, attention_mask=mask, max_new_tokens=3, pad_token_id=0, **kwargs)
+    assert torch.equal(generate(lazy, ids, mask, 3, None), generate(eager, ids, mask, 3, None))
+
+
+def test_a_growing_cache_the_call_asks_for_warns_once_and_gives_eagers_tokens():
+    eager = tiny_llama()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids, mask = left_padded_batch()
+    with pytest.warns(irt.GenerationWarning, match="'dynamic'") as caught:
+        got = generate(lazy, ids, mask, 4, "dynamic")
+    assert len([w for w in caught if w.category is irt.GenerationWarning]) == 1
+    assert caught[0].filename == __file__
+    assert torch.equal(got, generate(eager, ids, mask, 4, "dynamic"))

@@ -15,6 +15,10 @@ donated arguments), from ``compiled.memory_analysis()``: exact, and the same on 
 4. Compile time (lower + XLA compile) of a 2-, 8- and 32-block GPT stack's training step,
    unrolled against ``scan_layers``, beside ``jax.jit`` of the same step unrolled and with
    ``lax.scan``.
+5. Attention: a causal ``scaled_dot_product_attention`` forward and backward (batch 2, 8 heads
+   of 64) at 2048 and 8192 keys, the ``ir::attention`` rule against torch's math path recorded
+   op by op (the front end before the rule) and ``jax.nn.dot_product_attention`` (its "xla"
+   implementation) in ``jax.jit``: peak bytes, and at 2048 the step time.
 
 Prints a table and writes JSON (``--json PATH``).
 """
@@ -47,6 +51,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from ir_runtime import _donation  # noqa: E402
 from ir_runtime._executable import memory_of  # noqa: E402
 from ir_runtime._frontend import inspect  # noqa: E402
+from ir_runtime._frontend.regions import _attention  # noqa: E402
 from ir_sharding import ShardingSpec  # noqa: E402
 
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
@@ -408,6 +413,57 @@ def bench_compile_time(depths=(2, 8, 32), d=256, heads=4, batch=2, seq=32):
     return {"seconds": out, "scan_deepest_over_shallowest": last / first}
 
 
+def bench_attention(seqs=(2048, 8192), batch=2, heads=8, head=64, steps=3, timed=2048):
+    """Peak bytes of a causal attention's forward and backward (the gradients of q, k and v
+    from a sum), three ways: the rule, torch's math path (the rule off) and jax's reference
+    kernel in jax.jit. Step times at ``timed`` keys only (8192 is minutes of CPU)."""
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for seq in seqs:
+        qkv = [torch.randn(batch, heads, seq, head, generator=g) for _ in range(3)]
+        row = {}
+        for name, enabled in (("ir::attention", True), ("math path", False)):
+            leaves = [irt.to_lazy(t).requires_grad_() for t in qkv]
+
+            def grads(leaves=leaves, enabled=enabled):
+                _attention.ENABLED[0] = enabled
+                try:
+                    o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+                    return torch.autograd.grad(o.sum(), leaves)
+                finally:
+                    _attention.ENABLED[0] = True
+
+            row[name] = {"memory": irt.compile([t._ir for t in grads()]).memory()}
+            if seq == timed:
+
+                def step(grads=grads):
+                    kept = grads()
+                    irt.mark_step()
+                    return kept
+
+                row[name]["step_s"] = _timed_steps(step, steps)
+
+        def f(q, k, v):
+            o, vjp = jax.vjp(
+                lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), q, k, v
+            )
+            return vjp(jnp.ones_like(o))
+
+        xs = jax.ShapeDtypeStruct((batch, seq, heads, head), jnp.float32)
+        compiled = jax.jit(f).lower(xs, xs, xs).compile()
+        row["jax.nn.dot_product_attention"] = {"memory": memory_of(compiled)}
+        if seq == timed:
+            arrays = [jnp.asarray(t.transpose(1, 2).numpy()) for t in qkv]
+            row["jax.nn.dot_product_attention"]["step_s"] = _timed_steps(
+                lambda arrays=arrays: jax.block_until_ready(compiled(*arrays)), steps
+            )
+        peak = {name: r["memory"]["peak"] for name, r in row.items()}
+        row["rule_over_math_peak"] = peak["ir::attention"] / peak["math path"]
+        row["rule_over_jax_peak"] = peak["ir::attention"] / peak["jax.nn.dot_product_attention"]
+        out[seq] = row
+    return out
+
+
 def _mib(m: dict) -> dict:
     return {k: v / 2**20 for k, v in m.items()}
 
@@ -461,8 +517,22 @@ def main():
         f"scan_layers: the deepest over the shallowest {t['scan_deepest_over_shallowest']:.2f} "
         f"(target at most 1.5)"
     )
+    att = bench_attention()
+    print("\n5. Attention: causal, batch 2, 8 heads of 64, forward and backward; peak MiB")
+    for seq, row in att.items():
+        cells = "  ".join(
+            f"{name} {r['memory']['peak'] / 2**20:8.1f}"
+            + (f" ({r['step_s'] * 1e3:.0f} ms)" if "step_s" in r else "")
+            for name, r in row.items()
+            if isinstance(r, dict)
+        )
+        print(
+            f"{seq:>6} keys  {cells}  rule / math {row['rule_over_math_peak']:.3f} (target at "
+            f"most 0.25 at 8192), rule / jax {row['rule_over_jax_peak']:.3f}"
+        )
     results = {
         "donation": d,
+        "attention": att,
         "checkpointing": c,
         "autocast": a,
         "compile_time": t,
@@ -472,6 +542,7 @@ def main():
             "checkpoint_temporaries_ratio_max": 0.5,
             "checkpoint_step_time_ratio_max": 1.4,
             "scan_deepest_over_shallowest_max": 1.5,
+            "attention_rule_over_math_peak_at_8192_max": 0.25,
         },
         "environment": benchjson.environment(torch=torch.__version__, jax=jax.__version__),
     }

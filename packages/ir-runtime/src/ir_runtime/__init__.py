@@ -86,7 +86,7 @@ _FRONTEND = {
     "AutocastWarning": "recording._dispatch",
     **dict.fromkeys(("mark_step", "to_torch"), "steps._step"),
     **dict.fromkeys(("CaptureWarning", "CompiledStep", "compile_step"), "steps._capture"),
-    "generate": "steps._generate",
+    **dict.fromkeys(("GenerationWarning", "generate"), "steps._generate"),
     **dict.fromkeys(
         (
             "all_gather",
@@ -174,6 +174,7 @@ __all__ = [
     "Executable",
     "ExecutionError",
     "GatherWarning",
+    "GenerationWarning",
     "GraphError",
     "LazyTensor",
     "LoweringError",

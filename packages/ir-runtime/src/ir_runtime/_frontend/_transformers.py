@@ -18,6 +18,9 @@ which is valid either way. A lazy tensor is treated as traced there: the mask is
 decides in ``_ignore_causal_mask_sdpa`` and ``_ignore_bidirectional_mask_sdpa``, which say
 "not skippable" for lazy masks here.)
 
+A lazy model's ``generate`` takes ``irt.generate``'s path (``steps/_generate.py``): its
+bookkeeping on the host and the static cache, so the number of programs is bounded.
+
 Applied when the front end is installed and whenever a module is made lazy or a compiled step
 traced, so transformers imported at any point is covered.
 """
@@ -34,6 +37,7 @@ def patch() -> None:
     """Make transformers' warn-only and skip-only checks read no lazy data (once transformers
     is imported)."""
     _masks(sys.modules.get("transformers.masking_utils"))
+    _generate(sys.modules.get("transformers.generation.utils"))
     modeling = sys.modules.get("transformers.modeling_utils")
     cls = getattr(modeling, "PreTrainedModel", None)
     check = getattr(cls, "warn_if_padding_and_no_attention_mask", None)
@@ -77,3 +81,12 @@ def _never_for_lazy(decide):
         return decide(*args, **kwargs)
 
     return skippable
+
+
+def _generate(generation) -> None:
+    mixin = getattr(generation, "GenerationMixin", None)
+    if mixin is None:
+        return
+    from ir_runtime._frontend.steps._generate import lazy_model_generate
+
+    mixin.generate = lazy_model_generate(mixin.generate)

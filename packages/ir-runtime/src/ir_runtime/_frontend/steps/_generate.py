@@ -31,19 +31,39 @@ the 2-d mask at the cache's full length (zeros past the tokens so far, which the
 hides anyway): inside each token's program, with its shapes. The logits are read once every
 pending tensor has run (``mark_step``): each token's program holds the whole step, its cache
 updates included, so every token runs the same program.
+
+``model.generate(...)`` on a lazy model (``GenerationMixin.generate``, patched when the front
+end is installed) takes this path, with the static cache unless the call chooses a cache:
+eager's tokens with two or three programs for any number of tokens, where transformers' own
+loop on the lazy device compiles a program per token. Greedy decoding and sampling (with every
+logits processor, stopping criterion and streamer: they run on the host, as eager) are the
+modes this path has; beam search, assisted decoding, contrastive search and a cache the caller
+made are refused by name (``UnsupportedOpError``). A call that asks for a growing cache
+(``cache_implementation="dynamic"``, ``use_cache=False``) gets it, a program per token, with
+one ``GenerationWarning`` saying so.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import inspect
 import warnings
 
 import torch
 
+from ir_runtime._errors import UnsupportedOpError
 from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.steps._step import mark_step, to_torch
 
 _NONE = object()
+_ACTIVE = [0]  # generate() calls under way: transformers' own generate runs inside them
+_MODES = ("GREEDY_SEARCH", "SAMPLE")  # the generation modes this path has
+
+
+class GenerationWarning(UserWarning):
+    """A lazy model's generation compiles a program per token; the message says why."""
 
 
 def _logits_to_host(module, args, kwargs, out):
@@ -144,9 +164,11 @@ def generate(model, inputs=None, **kwargs):
     Returns:
         What ``generate`` returns; its token ids lazy when ``inputs`` was lazy, else on the host.
     """
+    _refuse(model, kwargs)
     lazy_inputs = isinstance(inputs, LazyTensor) or isinstance(kwargs.get("input_ids"), LazyTensor)
     kwargs = {k: to_torch(v) for k, v in kwargs.items()}
     model.__dict__.pop("_cache", None)  # a fresh static cache (module docstring)
+    _ACTIVE[0] += 1
     hook = model.register_forward_hook(_logits_to_host, with_kwargs=True)
     masks = model.register_forward_pre_hook(_full_decoder_mask, with_kwargs=True)
     own = model.__dict__.get("create_masks_for_generate", _NONE)
@@ -157,6 +179,7 @@ def generate(model, inputs=None, **kwargs):
             warnings.filterwarnings("ignore", message=".*on a device type different than")
             out = type(model).generate(model, to_torch(inputs), **kwargs)
     finally:
+        _ACTIVE[0] -= 1
         hook.remove()
         masks.remove()
         if own is _NONE:
@@ -169,3 +192,76 @@ def generate(model, inputs=None, **kwargs):
         return to_lazy(out)
     out.sequences = to_lazy(out.sequences)
     return out
+
+
+def _config(model, kwargs):
+    """The generation config this call runs with: the model's (or the call's), updated by the
+    call's keywords, as ``generate`` makes it."""
+    config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
+    config.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
+    return config
+
+
+def _refuse(model, kwargs) -> None:
+    """The calls this path cannot bound, by name (module docstring)."""
+    for name in ("past_key_values", "cache"):
+        if kwargs.get(name) is not None:
+            raise UnsupportedOpError(
+                f"generate on the lazy device: `{name}` (a cache made by the caller) is not "
+                f"supported; leave it out (the static cache is made for the call) or generate "
+                f"with the eager model"
+            )
+    config = _config(model, kwargs)
+    mode = config.get_generation_mode(kwargs.get("assistant_model"))
+    name = getattr(mode, "name", str(mode))
+    if name not in _MODES:
+        raise UnsupportedOpError(
+            f"generate on the lazy device: {name.lower().replace('_', ' ')} is not supported "
+            f"(greedy decoding and sampling are); generate with the eager model for it"
+        )
+
+
+def _cache_defaults(model, kwargs) -> dict:
+    """``kwargs`` with the static cache where the call chose none (module docstring); one
+    warning where the call's choice grows the cache."""
+    config = _config(model, kwargs)
+    if config.use_cache is False:
+        why = "use_cache=False (the whole sequence again each token)"
+    elif config.cache_implementation in (None, "static"):
+        static = getattr(model, "_supports_static_cache", True)  # (transformers 4's flag)
+        if config.cache_implementation is None and static:
+            return {**kwargs, "cache_implementation": "static"}
+        if config.cache_implementation == "static":
+            return kwargs
+        why = f"{type(model).__name__} has no static cache"
+    else:
+        why = f"cache_implementation={config.cache_implementation!r} (a cache that grows)"
+    warnings.warn(
+        f"generate on the lazy device with {why}: every token is a new shape, so each compiles "
+        f"a program of its own; the static cache (cache_implementation='static', the default "
+        f"here) compiles two for any number of tokens",
+        GenerationWarning,
+        stacklevel=3,
+    )
+    return kwargs
+
+
+def lazy_model_generate(original):
+    """``GenerationMixin.generate`` that sends a lazy model's call here (module docstring)."""
+    if getattr(original, "_lazy", False):
+        return original
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def generate_(self, *args, **kwargs):
+        first = next(self.parameters(), None) if isinstance(self, torch.nn.Module) else None
+        if _ACTIVE[0] or not isinstance(first, LazyTensor):
+            return original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs).arguments
+        bound.pop("self")
+        bound.update(bound.pop("kwargs", {}))
+        inputs = bound.pop("inputs", None)
+        return generate(self, inputs, **_cache_defaults(self, bound))
+
+    generate_._lazy = True
+    return generate_
