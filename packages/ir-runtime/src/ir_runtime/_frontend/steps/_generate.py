@@ -32,6 +32,16 @@ hides anyway): inside each token's program, with its shapes. The logits are read
 pending tensor has run (``mark_step``): each token's program holds the whole step, its cache
 updates included, so every token runs the same program.
 
+A decoder-only model's decoding steps (one new token per row, the static cache) go through
+``compile_step`` (``_Decoding``): the first few are traced, then each replays the same program
+without running the forward's Python, as ``jax.jit`` would, the cache's tensors written in
+place by the program (donated). The 2-d mask at the cache's full length is then the forward's
+argument, and the forward builds its 4-d mask inside the step. Where a replay could not be the
+call it replaces, every token runs the forward: a hook inside the model (it would run on
+traced calls only), a cache that counts in Python (a sliding window's counter, seen changing
+in the prefill or in a traced step), and whatever ``compile_step`` itself finds (transformers
+4 setting layers' ``forward`` to record hidden states).
+
 ``model.generate(...)`` on a lazy model (``GenerationMixin.generate``, patched when the front
 end is installed) takes this path, with the static cache unless the call chooses a cache:
 eager's tokens with two or three programs for any number of tokens, where transformers' own
@@ -55,6 +65,7 @@ import torch
 from ir_runtime._errors import UnsupportedOpError
 from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._tensor import LazyTensor
+from ir_runtime._frontend.steps._capture import CaptureWarning, CompiledStep
 from ir_runtime._frontend.steps._step import mark_step, to_torch
 
 _NONE = object()
@@ -83,7 +94,7 @@ def _static_length(cache):
     return n if isinstance(n, int) and n > 0 else None
 
 
-def _lazy_masks(model, total: int | None):
+def _lazy_masks(model, total: int | None, decoding=None):
     """``create_masks_for_generate`` (the model's own, or transformers') building the mask on
     the lazy device from the 2-d mask at the static cache's full length, or the generation's
     (``total``: prompt and new tokens) when that is longer (a sliding window's cache holds
@@ -107,6 +118,16 @@ def _lazy_masks(model, total: int | None):
                 full[:, : mask.shape[-1]] = mask
                 mask = full
             kwargs["attention_mask"] = to_lazy(mask)
+            position = kwargs.get("cache_position")
+            if isinstance(position, torch.Tensor) and not isinstance(position, LazyTensor):
+                # (transformers 4 moves the mask to the positions' device: a read from the host)
+                kwargs["cache_position"] = to_lazy(position)
+            embeds = kwargs.get("inputs_embeds", kwargs.get("input_embeds"))
+            one = isinstance(embeds, torch.Tensor) and embeds.dim() >= 2 and embeds.shape[1] == 1
+            if one and decoding is not None and decoding.on:
+                # (a replayed decoding step: the forward builds the 4-d mask from the 2-d one,
+                # inside the step, as it does outside generate)
+                return kwargs["attention_mask"]
         return made(*args, **kwargs)
 
     return create_masks_for_generate
@@ -151,6 +172,102 @@ def _full_decoder_mask(module, args, kwargs):
     return args, kwargs
 
 
+_CACHE_FIELDS = ("cache", "past_key_values")
+
+
+def _counted(before: list, after: list) -> bool:
+    """Whether a number the cache had before a call (not a flag) changed in it: a counter in
+    Python (a sliding window's), which a replay would not advance."""
+    for b, a in zip(before, after, strict=False):
+        for k, v in b.items():
+            if type(v) in (int, float) and a.get(k, v) != v:
+                return True
+    return False
+
+
+def _global_module_hooks() -> bool:
+    from torch.nn.modules import module
+
+    return any(
+        getattr(module, name, None)
+        for name in ("_global_forward_hooks", "_global_forward_pre_hooks")
+    )
+
+
+def _cache_of(kwargs):
+    """The cache a forward is given (transformers 5's name, then 4's)."""
+    cache = kwargs.get("cache")
+    return kwargs.get("past_key_values") if cache is None else cache
+
+
+def _python_state(cache) -> list:
+    """A cache's Python state: per object (the cache, its layers), every attribute that is not
+    a tensor, and which tensor each tensor attribute is."""
+    objects = [cache, *getattr(cache, "layers", ())]
+    return [
+        {k: ("tensor", id(v)) if isinstance(v, torch.Tensor) else v for k, v in vars(o).items()}
+        for o in objects
+    ]
+
+
+class _Decoding:
+    """A decoder-only model's forward as generation calls it, its decoding steps (one new token
+    per row, a static cache) replayed by ``compile_step``: their Python runs on the first calls
+    only, as ``jax.jit``'s would (module docstring). The cache's tensors are written in place,
+    which a replay redoes; a cache whose Python state changes from call to call (a sliding
+    window's counter) is not replayed: every call runs the forward."""
+
+    def __init__(self, model):
+        self.forward = model.forward  # the model's own, bound
+        self.step = CompiledStep(self._decode)
+        self.output = None  # the forward's output type, from a traced call
+        # A hook inside the forward would run on traced calls only: such a model runs every call.
+        inner = [m for m in model.modules() if m is not model]
+        self.on = not _global_module_hooks() and not any(
+            m._forward_hooks or m._forward_pre_hooks for m in inner
+        )
+
+    def decodes(self, kwargs) -> bool:
+        """Whether a forward with ``kwargs`` is a decoding step this replays."""
+        ids = kwargs.get("input_ids")
+        return (
+            self.on
+            and _static_length(_cache_of(kwargs)) is not None
+            and isinstance(ids, torch.Tensor)
+            and ids.dim() == 2
+            and ids.shape[-1] == 1
+        )
+
+    def _decode(self, tensors, rest):
+        out = self.forward(**tensors, **rest)
+        self.output = type(out)
+        # (every field it gives, hidden states and attentions too, but the cache: the call's own)
+        return {k: v for k, v in out.items() if k not in _CACHE_FIELDS}
+
+    def __call__(self, *args, **kwargs):
+        if args or not self.decodes(kwargs):
+            cache = _cache_of(kwargs)
+            if cache is None or args:
+                return self.forward(*args, **kwargs)
+            before = _python_state(cache)
+            out = self.forward(*args, **kwargs)
+            if _counted(before, _python_state(cache)):  # (the prefill counted in Python)
+                self.on = False
+            return out
+        cache = _cache_of(kwargs)
+        tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+        rest = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+        before = _python_state(cache)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CaptureWarning)  # (not replayed: traced, as before)
+            fields = self.step(tensors, rest)
+        if _python_state(cache) != before:  # (a traced call: the next ones run the forward)
+            self.on = False
+        names = getattr(self.output, "__dataclass_fields__", ())
+        name = "cache" if "cache" in names else "past_key_values"  # (transformers 5's, 4's)
+        return self.output(**fields, **{name: cache})
+
+
 def generate(model, inputs=None, **kwargs):
     """``model.generate(inputs, **kwargs)`` (a Hugging Face model moved with ``to_lazy``),
     with the forward on the lazy device and the rest on the host (module docstring).
@@ -172,7 +289,11 @@ def generate(model, inputs=None, **kwargs):
     hook = model.register_forward_hook(_logits_to_host, with_kwargs=True)
     masks = model.register_forward_pre_hook(_full_decoder_mask, with_kwargs=True)
     own = model.__dict__.get("create_masks_for_generate", _NONE)
-    model.create_masks_for_generate = _lazy_masks(model, _total(model, inputs, kwargs))
+    own_forward = model.__dict__.get("forward", _NONE)
+    decoding = None
+    if not getattr(model.config, "is_encoder_decoder", False):
+        decoding = model.forward = _Decoding(model)
+    model.create_masks_for_generate = _lazy_masks(model, _total(model, inputs, kwargs), decoding)
     try:
         with warnings.catch_warnings():
             # Host token ids beside a lazy model are the point here, not a mistake.
@@ -182,10 +303,11 @@ def generate(model, inputs=None, **kwargs):
         _ACTIVE[0] -= 1
         hook.remove()
         masks.remove()
-        if own is _NONE:
-            del model.create_masks_for_generate
-        else:
-            model.create_masks_for_generate = own
+        for name, was in (("create_masks_for_generate", own), ("forward", own_forward)):
+            if was is _NONE:
+                model.__dict__.pop(name, None)
+            else:
+                setattr(model, name, was)
     if not lazy_inputs:
         return out
     if isinstance(out, torch.Tensor):
