@@ -237,7 +237,7 @@ def test_plain_generate_samples_with_processors_stopping_criteria_and_a_streamer
     assert torch.equal(got, want)
     assert lazy_stream.ended == eager_stream.ended == 1
     assert len(lazy_stream.puts) == len(eager_stream.puts)
-    assert all(torch.equal(a, b) for a, b in zip(lazy_stream.puts, eager_stream.puts))
+    assert all(torch.equal(a, b) for a, b in zip(lazy_stream.puts, eager_stream.puts, strict=True))
 
 
 def test_what_plain_generate_cannot_bound_is_refused_by_name_and_the_model_still_works():

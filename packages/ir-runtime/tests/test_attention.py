@@ -166,7 +166,8 @@ def test_disabled_the_math_path_gives_the_same_values():
     finally:
         _attention.ENABLED[0] = True
     assert out2._ir.node.op != "ir::attention"
-    for a, b in zip((out, *(x.grad for x in leaves)), (out2, *(x.grad for x in leaves2))):
+    pairs = zip((out, *(x.grad for x in leaves)), (out2, *(x.grad for x in leaves2)), strict=True)
+    for a, b in pairs:
         _close(a, irt.to_torch(b), torch.float64)
 
 

@@ -439,7 +439,7 @@ def _attention(n, walk):
         q.dims[:-3] == k.dims[:-3] == v.dims[:-3] and q.dtype == k.dtype == v.dtype
     ):
         return f"q {q}, k {k}, v {v}: one dtype, rank 3 or more, the same batch dimensions"
-    (hq, lq, e), (hk, s, ek), (hv, sv, ev) = q.dims[-3:], k.dims[-3:], v.dims[-3:]
+    (hq, _, e), (hk, s, ek), (hv, sv, ev) = q.dims[-3:], k.dims[-3:], v.dims[-3:]
     if hq % hk or (hv, sv, ek) != (hk, s, e):
         return f"q {q}, k {k}, v {v}: q's heads a multiple of k's, k and v alike, q and k's E"
     if len(n.operands) == counts[1]:

@@ -258,7 +258,13 @@ def _cudnn_call(lay, q, k, v, causal, scale, seen):
         else:
             bias = m
     o = jax.nn.dot_product_attention(
-        qt, kt, vt, bias=bias, mask=mask, scale=scale, is_causal=causal,
+        qt,
+        kt,
+        vt,
+        bias=bias,
+        mask=mask,
+        scale=scale,
+        is_causal=causal,
         implementation=_CUDNN_IMPLEMENTATION[0],
     )
     return _zero_hidden(o.transpose(0, 2, 1, 3).reshape(lay.B, lay.Hk, lay.G, lay.L, lay.Ev), seen)
