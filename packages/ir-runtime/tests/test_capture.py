@@ -771,6 +771,41 @@ def test_a_host_tensor_changed_in_place_is_read_again_and_named():
     assert why == "host tensor [2] float32 that the step reads changed from [2., 3.] to [-1., -1.]"
 
 
+def test_a_placement_changed_between_replays_is_traced_again_not_undone():
+    """mark_sharding between replays, of a parameter or of the argument as passed: a program's
+    input placements are part of it, and placing the data back would silently undo the new
+    placement. The call is traced again at the new placement, which the tensor keeps, the
+    guard is named, and the values stay eager's."""
+    eager, lazy = pair()
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, lazy)]
+    step = irt.compile_step(train_fn(lazy, opts[1]))
+    x, y = batches(1)[0]
+    lx, ly = irt.to_lazy(x), irt.to_lazy(y)
+    irt.mark_sharding(lx, MESH, ("data", None))
+    counts, why = fail_guard(
+        step,
+        lambda: step(lx, ly),
+        lambda: irt.mark_sharding(lazy[0].weight, MESH, (None, "model")),
+    )
+    assert counts == (1, 1)
+    assert why.startswith("tensor [32, 16] float32 is placed (None, 'model') {"), why
+    assert "traced as ('model', None) {" in why, why
+    assert why.endswith("traced again for its new placement"), why
+    spec = lazy[0].weight._ir.node.sharding
+    assert spec is not None and spec.partition_spec == (None, "model"), spec
+    step = irt.compile_step(train_fn(lazy, opts[1]))  # (a fresh one: no failure yet)
+    counts, why = fail_guard(
+        step, lambda: step(lx, ly), lambda: irt.mark_sharding(lx, MESH, (("data", "model"), None))
+    )
+    assert counts == (1, 1)
+    assert why.startswith("argument 0 is placed (('data', 'model'), None) {"), why
+    step_e = train_fn(eager, opts[0])
+    for _ in range(12):  # the calls fail_guard made
+        step_e(x, y)
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-4, atol=1e-5)
+
+
 def test_requires_grad_of_a_tensor_read_changing_is_named():
     w = irt.to_lazy(torch.full((4,), 2.0)).requires_grad_()
 

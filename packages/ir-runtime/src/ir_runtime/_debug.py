@@ -69,7 +69,7 @@ class Summary:
                 n.op,
                 tuple(shape_text(s) for s in n.shapes),
                 _attrs(n),
-                None if n.sharding is None else _spec_text(n.sharding),
+                None if n.sharding is None else spec_text(n.sharding),
                 tuple((position[id(v.node)], v.index) for v in n.operands),
                 n.origin,
             )
@@ -94,7 +94,7 @@ def shape_text(s) -> str:
     return f"{s.dtype}[{', '.join(map(str, s.dims))}]"
 
 
-def _spec_text(spec) -> str:
+def spec_text(spec) -> str:
     try:
         return f"{spec.partition_spec} {spec.to_hlo_text()}"
     except Exception:  # a tuple sharding or an annotation of the user's

@@ -17,6 +17,7 @@ import torch
 
 from ir_core import DeviceData, Value
 from ir_runtime import _donation, _metrics, _runtime_checks
+from ir_runtime._debug import spec_text
 from ir_runtime._data import fetch, put
 from ir_runtime._execute import place
 from ir_runtime._frontend.recording import _rng
@@ -144,6 +145,23 @@ def _unreadable(kind, x, node, shape) -> str:
     return f"{what} holds {node.shape} data, traced as {shape}"
 
 
+def _moved(kind, x, shape, now, traced) -> str:
+    """Why a replay cannot read data placed otherwise than the traced call read it: the
+    program's input placement is part of it, and placing the data back would undo the user's
+    new placement."""
+    what = f"argument {x}" if kind is ARG else f"{tensor_name(shape.dims, shape.dtype)}"
+    if kind is PGRAD:
+        what = f"p.grad {what}"
+
+    def text(spec):
+        return "no placement" if spec is None else spec_text(spec)
+
+    return (
+        f"{what} is placed {text(now)}, traced as {text(traced)}: traced again for its new "
+        f"placement"
+    )
+
+
 class Replay:
     """One traced call of a step, as a replay would run it."""
 
@@ -153,6 +171,9 @@ class Replay:
         # Per program parameter: (kind, tensor refs / argument index / array / None).
         self.sources: list = []
         self.shapes: list = []  # per parameter: the data's Shape
+        # Per parameter: the placement its data had as the call was traced (an argument's, as
+        # the call began); a replay reads data placed so, or traces again (``_moved``).
+        self.specs: list = []
         self.const_bytes: list = []  # per CONST parameter: its value
         self.bindings: list = []  # (kind, tensor ref / arg or output index, root index)
         self.cleared: list = []  # refs to the tensors whose .grad the call set to None
@@ -281,13 +302,15 @@ class Replay:
         if reads is None:
             donated = set(self.exe.donate)
             reads = self._reads = tuple(
-                (kind, x, shape, sharding, k in donated)
-                for k, ((kind, x), shape, sharding) in enumerate(
-                    zip(self.sources, self.shapes, self.exe.in_shardings, strict=True)
+                (kind, x, shape, sharding, k in donated, spec)
+                for k, ((kind, x), shape, sharding, spec) in enumerate(
+                    zip(
+                        self.sources, self.shapes, self.exe.in_shardings, self.specs, strict=True
+                    )
                 )
             )
         copies = None
-        for kind, x, shape, sharding, donated in reads:
+        for kind, x, shape, sharding, donated, spec in reads:
             if kind is CONST:
                 arrays.append(x)
                 continue
@@ -330,6 +353,8 @@ class Replay:
                 return self._inputs(leaves, replayable_args, ran=True)
             if type(node) is not DeviceData or node.shape != shape:
                 return Miss(_unreadable(kind, x, node, shape))
+            if node.sharding != spec:  # (placed anew since: mark_sharding, a placement)
+                return Miss(_moved(kind, x, shape, node.sharding, spec))
             if shared:  # donated, yet still read elsewhere: the program takes a copy
                 if copies is None:
                     copies = []

@@ -478,6 +478,9 @@ class _Entry:
         # places it anew), and a node that died could lend its id to a parameter of the
         # program, which would then be read from that argument at a replay.
         self.arg_data = []
+        # Per argument index: the placement (annotation) its data had as the call began, which
+        # a replay's argument must have too (the call may place it anew: mark_sharding).
+        self.arg_specs = {}
         aliased = False  # an argument's data reaches the program another way too
         for i, x in enumerate(lazy):
             if isinstance(x, LazyTensor):
@@ -487,6 +490,7 @@ class _Entry:
                     aliased = aliased or id(node) in arg_nodes or bool(others)
                     arg_nodes[id(node)] = i
                     self.arg_data.append(node)
+                    self.arg_specs[i] = node.sharding
         self.reasons = []  # why its arguments keep the call from being replayed
         if aliased:
             self.reasons.append(
@@ -701,9 +705,11 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads, inputs) ->
     plan.exe = exe
     for p, a in zip(g.params, arrays, strict=True):
         plan.shapes.append(p.shape)
+        plan.specs.append(p.sharding)
         pid = id(p)
         if pid in arg_nodes:
             plan.sources.append((ARG, arg_nodes[pid]))
+            plan.specs[-1] = entry.arg_specs.get(arg_nodes[pid])
         elif pid in holders:
             owner = grad_owner.get(id(holders[pid][0])) if len(holders[pid]) == 1 else None
             if owner is not None:  # read as p.grad, whichever tensor that is at a replay
