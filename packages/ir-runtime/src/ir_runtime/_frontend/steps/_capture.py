@@ -23,8 +23,9 @@ or writes in place has one (whichever tensor: the plan reads ``p.grad`` as it is
 tensors the program reads still require grad, and the values of host tensors the program read (or
 of their view's base); last, as its inputs are read, that every tensor it reads still exists and
 holds data of the shape traced, placed as traced (a ``mark_sharding`` of a parameter or of an
-argument since is traced again at the new placement, never undone by the replay). When no plan's guards all hold, the first plan's first failing
-check says why in ``CompiledStep.last_guard_failure``. A guard failing call after call is named in
+argument since is traced again at the new placement, never undone by the replay). When no
+plan's guards all hold, the first plan's first failing check says why in
+``CompiledStep.last_guard_failure``. A guard failing call after call is named in
 a ``CaptureWarning`` (and ``replaying`` reads False). A step ending in ``zero_grad()`` also checks
 that the ``.grad`` it left None is still None. Anything else the function reads from Python (a
 global, a closure) is frozen at capture, as in ``jax.jit``: pass it as an argument.

@@ -17,8 +17,8 @@ import torch
 
 from ir_core import DeviceData, Value
 from ir_runtime import _donation, _metrics, _runtime_checks
-from ir_runtime._debug import spec_text
 from ir_runtime._data import fetch, put
+from ir_runtime._debug import spec_text
 from ir_runtime._execute import place
 from ir_runtime._frontend.recording import _rng
 from ir_runtime._frontend.recording._convert import host_numpy, host_tensor, shape_of
