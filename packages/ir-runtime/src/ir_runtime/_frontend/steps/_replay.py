@@ -304,9 +304,7 @@ class Replay:
             reads = self._reads = tuple(
                 (kind, x, shape, sharding, k in donated, spec)
                 for k, ((kind, x), shape, sharding, spec) in enumerate(
-                    zip(
-                        self.sources, self.shapes, self.exe.in_shardings, self.specs, strict=True
-                    )
+                    zip(self.sources, self.shapes, self.exe.in_shardings, self.specs, strict=True)
                 )
             )
         copies = None
