@@ -306,3 +306,24 @@ def test_decoding_replays_give_every_output_field_and_leave_what_a_replay_cannot
     got = generate(lazy_mistral, ids, mask, 8, None)
     assert "StepReplay" not in irt.metrics()["counters"]
     assert torch.equal(got, generate(mistral, ids, mask, 8, "static"))
+
+
+@pytest.mark.parametrize("masked", [True, False], ids=["mask", "pad-token-only"])
+def test_absolute_positions_come_from_the_mask_as_eager_builds_them(masked):
+    """GPT-2's learned positions from a left-padded batch: transformers builds the position ids
+    (and, with no mask given, the mask from the pad token) from what the forward's signature
+    takes; the lazy model's logits are eager's at every step, not only its tokens."""
+    eager = hf_models.gpt2().eval()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    ids, mask = left_padded_batch()
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    kwargs.update(output_logits=True, return_dict_in_generate=True)
+    if masked:
+        kwargs["attention_mask"] = mask
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (transformers' own advice about the missing mask)
+        want = eager.generate(ids, cache_implementation="static", **kwargs)
+        got = lazy.generate(ids, **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    for g, w in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(irt.to_torch(g), w, rtol=1e-5, atol=1e-5)

@@ -219,21 +219,31 @@ def test_a_sharded_training_step_replays_with_eagers_values(masked):
     _close(lazy.qkv.weight, eager.qkv.weight.detach(), torch.float32)
 
 
+GPU_CASES = [
+    ((2, 3), 2, 2, 4, 6, 8, 8, (3, 1, 4, 6), "bool", False, None, False),  # rows hidden, 5-d
+    ((2,), 6, 2, 4, 6, 8, 8, (4, 6), "bool", False, None, True),  # grouped key heads
+    ((2,), 2, 2, 4, 6, 8, 8, (2, 2, 4, 1), "float", False, 0.3, False),  # broadcast over keys
+    ((2,), 2, 2, 4, 6, 8, 8, None, None, True, None, False),  # causal, fewer queries
+]
+
+
 def test_the_gpu_paths_glue_around_jaxs_reference_kernel(monkeypatch):
     """The cuDNN branch's layout, masks and hidden rows, with jax's "xla" implementation in
     cuDNN's place (a CPU has no cuDNN)."""
     monkeypatch.setattr(rule, "_CUDNN_IMPLEMENTATION", ["xla"])
     taken = []
 
-    def on_a_gpu(q, k, v):
-        taken.append(rule.implementation("gpu", q.dtype, q.shape[-1], v.shape[-1]) == "cudnn")
+    def on_a_gpu(q, k, v, mask):
+        lengths = (q.shape[-2], k.shape[-2])
+        how = rule.implementation("gpu", q.dtype, q.shape[-1], v.shape[-1], mask is not None, lengths)
+        taken.append(how == "cudnn")
         return taken[-1]
 
     monkeypatch.setattr(rule, "_use_cudnn", on_a_gpu)
     irt.CACHE.clear()  # (the same graphs compiled without the branch)
     try:
-        for name in ("5-d", "grouped key heads", "additive mask (L, S)", "causal, fewer queries"):
-            qkv, grad, kwargs = _operands(CASES[name], torch.bfloat16)
+        for case in GPU_CASES:  # (even lengths: cuDNN's backward with a mask takes no others)
+            qkv, grad, kwargs = _operands(case, torch.bfloat16)
             want = _eager(qkv, grad, kwargs, torch.bfloat16)
             out, leaves = _lazy(qkv, grad, kwargs)
             for got, w in zip((out, *(x.grad for x in leaves)), want, strict=True):
@@ -251,6 +261,10 @@ def test_the_implementation_chosen_per_platform_dtype_and_head():
     assert rule.implementation("gpu", np.float16, 12, 12) == "blockwise"
     assert rule.implementation("gpu", np.float16, 256, 256) == "blockwise"
     assert rule.implementation("cpu", np.float16, 64, 64) == "blockwise"
+    # cuDNN's backward with a bias (any mask) takes even lengths only
+    assert rule.implementation("gpu", np.float16, 64, 64, True, (128, 256)) == "cudnn"
+    assert rule.implementation("gpu", np.float16, 64, 64, True, (127, 256)) == "blockwise"
+    assert rule.implementation("gpu", np.float16, 64, 64, False, (127, 255)) == "cudnn"
 
 
 def test_memory_is_linear_in_the_key_length():

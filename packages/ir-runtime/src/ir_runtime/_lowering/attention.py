@@ -52,9 +52,15 @@ def wide_dtype(dtype) -> np.dtype:
     return np.promote_types(np.dtype(dtype), np.float32)
 
 
-def implementation(platform: str, dtype, head: int, value_head: int) -> str:
-    """``"cudnn"`` or ``"blockwise"`` for these operands on ``platform`` (jax's name)."""
+def implementation(
+    platform: str, dtype, head: int, value_head: int, masked: bool = False, lengths=(0, 0)
+) -> str:
+    """``"cudnn"`` or ``"blockwise"`` for these operands on ``platform`` (jax's name).
+    ``masked``: a mask is given (cuDNN's bias); ``lengths``: ``(L, S)``. cuDNN's backward
+    with a bias takes even lengths only (jax's ``check_is_flash_attention``)."""
     fits = head == value_head and head % 8 == 0 and head <= 128
+    if masked and any(n % 2 for n in lengths):
+        fits = False
     if platform == "gpu" and np.dtype(dtype) in _CUDNN_DTYPES and fits:
         return "cudnn"
     return "blockwise"
@@ -252,6 +258,8 @@ def _cudnn_call(lay, q, k, v, causal, scale, seen):
         if seen is not None:
             hidden = ~seen[..., None]
             m = (m | hidden) if m.dtype == np.bool_ else jnp.where(hidden, 0, m).astype(m.dtype)
+        # (cuDNN takes a bias of the logits' own (L, S), never a broadcast one)
+        m = jnp.broadcast_to(m, (*m.shape[:-2], lay.L, lay.S))
         m = m.reshape(m.shape[0], -1, *m.shape[-2:])
         if m.dtype == np.bool_:
             mask = m
@@ -288,8 +296,12 @@ def _zero_hidden(x, seen):
     return x if seen is None else jnp.where(seen[..., None], x, 0)
 
 
-def _use_cudnn(q, k, v) -> bool:
-    return implementation(jax.default_backend(), q.dtype, q.shape[-1], v.shape[-1]) == "cudnn"
+def _use_cudnn(q, k, v, mask) -> bool:
+    lengths = (q.shape[-2], k.shape[-2])
+    how = implementation(
+        jax.default_backend(), q.dtype, q.shape[-1], v.shape[-1], mask is not None, lengths
+    )
+    return how == "cudnn"
 
 
 @register("ir::attention")
@@ -298,7 +310,7 @@ def _attention(node, q, k, v, mask=None):
     lay = _Layout(q, k, v, mask)
     wide = wide_dtype(q.dtype)
     out, lse = _forward(lay, causal, scale, wide)
-    if _use_cudnn(q, k, v):  # (the blockwise out is then dead code; its lse, read or not)
+    if _use_cudnn(q, k, v, mask):  # (the blockwise out is then dead code; its lse, read or not)
         out = _cudnn_call(lay, lay.q, lay.k, lay.v, causal, scale, _seen(lay, causal))
     lse_dtype = to_numpy_dtype(node.shapes[1].dtype)
     return lay.query(out).astype(q.dtype), lay.query(lse[..., None])[..., 0].astype(lse_dtype)
@@ -310,7 +322,7 @@ def _attention_backward(node, grad, q, k, v, out, lse, mask=None):
     lay = _Layout(q, k, v, mask)
     wide = wide_dtype(q.dtype)
     grad5 = grad.reshape(lay.B, lay.Hk, lay.G, lay.L, lay.Ev)
-    if _use_cudnn(q, k, v):
+    if _use_cudnn(q, k, v, mask):
         seen = _seen(lay, causal)
 
         def forward(q5, k4, v4):

@@ -219,6 +219,10 @@ class _Decoding:
 
     def __init__(self, model):
         self.forward = model.forward  # the model's own, bound
+        # transformers reads the forward's signature (whether to build position ids from the
+        # mask, pass logits_to_keep, infer a mask from the pad token, which keywords it takes):
+        # it must see the model's own.
+        self.__signature__ = inspect.signature(model.forward)
         self.step = CompiledStep(self._decode)
         self.output = None  # the forward's output type, from a traced call
         # A hook inside the forward would run on traced calls only: such a model runs every call.
@@ -347,17 +351,17 @@ def _cache_defaults(model, kwargs) -> dict:
     """``kwargs`` with the static cache where the call chose none (module docstring); one
     warning where the call's choice grows the cache."""
     config = _config(model, kwargs)
+    chosen = config.cache_implementation
     if config.use_cache is False:
         why = "use_cache=False (the whole sequence again each token)"
-    elif config.cache_implementation in (None, "static"):
-        static = getattr(model, "_supports_static_cache", True)  # (transformers 4's flag)
-        if config.cache_implementation is None and static:
-            return {**kwargs, "cache_implementation": "static"}
-        if config.cache_implementation == "static":
-            return kwargs
-        why = f"{type(model).__name__} has no static cache"
+    elif chosen in _static_caches():
+        return kwargs
+    elif chosen is None and not _own_cache(model):
+        return {**kwargs, "cache_implementation": "static"}
+    elif chosen is None:
+        why = f"{type(model).__name__}'s own cache (it takes no static one)"
     else:
-        why = f"cache_implementation={config.cache_implementation!r} (a cache that grows)"
+        why = f"cache_implementation={chosen!r} (a cache that grows)"
     warnings.warn(
         f"generate on the lazy device with {why}: every token is a new shape, so each compiles "
         f"a program of its own; the static cache (cache_implementation='static', the default "
@@ -366,6 +370,22 @@ def _cache_defaults(model, kwargs) -> dict:
         stacklevel=3,
     )
     return kwargs
+
+
+def _static_caches() -> frozenset:
+    """The ``cache_implementation`` names transformers gives a cache of fixed length."""
+    from transformers.generation import configuration_utils as c
+
+    names = getattr(c, "ALL_STATIC_CACHE_IMPLEMENTATIONS", None)
+    if names is None:  # (transformers 4)
+        names = getattr(c, "STATIC_CACHE_IMPLEMENTATIONS", ("static",))
+    return frozenset(names)
+
+
+def _own_cache(model) -> bool:
+    """Whether the model makes a cache of its own kind, not transformers' (Mamba, XLNet)."""
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    return callable(supports) and not supports()
 
 
 def lazy_model_generate(original):
