@@ -234,8 +234,8 @@ def test_the_gpu_paths_glue_around_jaxs_reference_kernel(monkeypatch):
     taken = []
 
     def on_a_gpu(q, k, v, mask):
-        lengths = (q.shape[-2], k.shape[-2])
-        how = rule.implementation("gpu", q.dtype, q.shape[-1], v.shape[-1], mask is not None, lengths)
+        lengths, masked = (q.shape[-2], k.shape[-2]), mask is not None
+        how = rule.implementation("gpu", q.dtype, q.shape[-1], v.shape[-1], masked, lengths)
         taken.append(how == "cudnn")
         return taken[-1]
 
