@@ -170,6 +170,22 @@ def test_launcher_rejects_bad_arguments(tmp_path):
         main(["--nprocs", "2", str(tmp_path / "missing.py")])
 
 
+def test_the_launcher_names_the_cause_among_processes_ended_at_one_look():
+    """A killed process's peer may abort in gloo (SIGABRT) or exit as having lost it before the
+    launcher looks: the killed one is named, whichever index it has."""
+    import signal
+
+    from ir_runtime._distributed import EXIT_PROCESS_LOST
+    from ir_runtime.launch import cause
+
+    kill, abort = -signal.SIGKILL, -signal.SIGABRT
+    assert cause({0: abort, 1: kill}) == 1
+    assert cause({0: EXIT_PROCESS_LOST, 1: abort, 2: 1}) == 2
+    assert cause({0: EXIT_PROCESS_LOST, 3: abort}) == 3
+    assert cause({2: EXIT_PROCESS_LOST, 1: EXIT_PROCESS_LOST}) == 1
+    assert cause({4: kill, 1: 7}) == 1  # (two causes: the first)
+
+
 class _FakeClock:
     """Stands in for the ``time`` module inside ``_distributed``: ``sleep`` advances the clock
     instead of sleeping, and every sleep is recorded, so a test counts the waits (events) and

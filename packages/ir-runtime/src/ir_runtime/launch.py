@@ -51,6 +51,19 @@ def _how(code: int) -> str:
     return f"exited with status {code}"
 
 
+def cause(failed: dict) -> int:
+    """Of processes found ended with these statuses at one look (index -> status), the one to
+    name: the cause, not one that ended because it lost a peer. Losing a peer ends a process
+    with ``EXIT_PROCESS_LOST`` (its watchdog) or, inside a collective, by SIGABRT (gloo's
+    C++ error aborts it within milliseconds of the peer's death, so both can be seen ended at
+    the same look); either is named only when nothing else ended."""
+
+    def consequence(code):
+        return 2 if code == EXIT_PROCESS_LOST else 1 if code == -signal.SIGABRT else 0
+
+    return min(failed, key=lambda k: (consequence(failed[k]), k))
+
+
 def _stop(procs, survivors) -> None:
     """SIGTERM each survivor's process group, then SIGKILL what is left after GRACE."""
     for k in survivors:
@@ -118,8 +131,7 @@ def launch(
             running -= set(ended)
             failed = {k: code for k, code in ended.items() if code != 0}
             if failed:
-                # Name the cause, not a process that ended because it lost a peer.
-                k = next((k for k, c in failed.items() if c != EXIT_PROCESS_LOST), min(failed))
+                k = cause(failed)
                 say(
                     f"process {k} (pid {procs[k].pid}) {_how(failed[k])}; stopping the "
                     f"{len(running)} other process(es)"
