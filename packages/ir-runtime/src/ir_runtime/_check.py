@@ -34,10 +34,10 @@ import numpy as np
 
 from ir_core import DeviceData, Shape, Value, post_order
 from ir_runtime import _debug, _schema
-from ir_runtime._dtypes import name_of, to_numpy_dtype
+from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._errors import DTypeError, GraphError, UnsupportedOpError
 from ir_runtime._lowering import _registry
-from ir_runtime._lowering.attention import wide_dtype
+from ir_runtime._lowering.attention import broadcastable, lse_dtype
 from ir_runtime._lowering.regions import bodies, jax_call
 from ir_runtime._lowering.regions.scan import Body
 from ir_runtime._lowering.regions.shard_map import Region
@@ -444,13 +444,10 @@ def _attention(n, walk):
         return f"q {q}, k {k}, v {v}: q's heads a multiple of k's, k and v alike, q and k's E"
     if len(n.operands) == counts[1]:
         mask, logits = n.operands[-1].shape, (*q.dims[:-1], s)
-        fits = len(mask.dims) <= len(logits) and all(
-            m in (1, d) for m, d in zip(reversed(mask.dims), reversed(logits), strict=False)
-        )
-        if mask.dtype not in ("bool", q.dtype) or not fits:
+        if mask.dtype not in ("bool", q.dtype) or not broadcastable(mask.dims, logits):
             return f"the mask {mask} is bool or q's dtype, broadcastable to {list(logits)}"
     out = Shape(q.dtype, (*q.dims[:-1], ev))
-    lse = Shape(name_of(wide_dtype(to_numpy_dtype(q.dtype))), q.dims[:-1])
+    lse = Shape(lse_dtype(q.dtype), q.dims[:-1])
     if back:
         given = [n.operands[0].shape, n.operands[4].shape, n.operands[5].shape]
         if given != [out, out, lse]:

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ir_runtime._dtypes import to_numpy_dtype
+from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._lowering._registry import register
 
 BLOCK = 512  # keys per block of the online softmax
@@ -50,6 +50,20 @@ _CUDNN_DTYPES = frozenset((np.dtype(np.float16), np.dtype(jnp.bfloat16)))
 def wide_dtype(dtype) -> np.dtype:
     """The precision attention computes in for operands of ``dtype``."""
     return np.promote_types(np.dtype(dtype), np.float32)
+
+
+def lse_dtype(name: str) -> str:
+    """The dtype name of the rows' log-sum-exp, the forward's second output, for operands of
+    dtype ``name``."""
+    return name_of(wide_dtype(to_numpy_dtype(name)))
+
+
+def broadcastable(mask_dims, logits_dims) -> bool:
+    """Whether a mask of ``mask_dims`` broadcasts to the logits' ``(*B, Hq, L, S)``."""
+    if len(mask_dims) > len(logits_dims):
+        return False
+    pairs = zip(reversed(mask_dims), reversed(logits_dims), strict=False)
+    return all(m in (1, d) for m, d in pairs)
 
 
 def implementation(

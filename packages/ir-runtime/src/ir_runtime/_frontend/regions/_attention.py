@@ -29,13 +29,12 @@ import math
 import torch
 
 from ir_core import Generic, Shape, Value
-from ir_runtime._dtypes import name_of, to_numpy_dtype
 from ir_runtime._frontend.recording import _fast
 from ir_runtime._frontend.recording._convert import ir_dtype
 from ir_runtime._frontend.recording._dispatch import special
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
 from ir_runtime._frontend.regions._shard_map import first_order_only
-from ir_runtime._lowering.attention import wide_dtype
+from ir_runtime._lowering.attention import broadcastable, lse_dtype
 
 aten = torch.ops.aten
 _SDPA = aten.scaled_dot_product_attention.default
@@ -59,12 +58,6 @@ def _arguments(args, kwargs) -> dict:
     }
 
 
-def _broadcasts(mask_shape, full) -> bool:
-    if len(mask_shape) > len(full):
-        return False
-    return all(m in (1, f) for m, f in zip(reversed(mask_shape), reversed(full), strict=False))
-
-
 def takes(a: dict) -> bool:
     """Whether the rule computes this call (else torch's composite does: module docstring)."""
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
@@ -86,7 +79,7 @@ def takes(a: dict) -> bool:
             return False
         if mask.dtype not in (torch.bool, q.dtype):
             return False
-        if not _broadcasts(tuple(mask.shape), (*q.shape[:-1], k.shape[-2])):
+        if not broadcastable(tuple(mask.shape), (*q.shape[:-1], k.shape[-2])):
             return False
     return True
 
@@ -104,7 +97,7 @@ def _forward_node(a: dict, attrs: dict, origin):
     dtype = ir_dtype(q.dtype)
     shapes = [
         Shape(dtype, (*q.shape[:-1], v.shape[-1])),
-        Shape(name_of(wide_dtype(to_numpy_dtype(dtype))), tuple(q.shape[:-1])),
+        Shape(lse_dtype(dtype), tuple(q.shape[:-1])),
     ]
     return Generic("ir::attention", operands, shapes, attrs, None, origin)
 

@@ -249,24 +249,21 @@ class _Decoding:
         return {k: v for k, v in out.items() if k not in _CACHE_FIELDS}
 
     def __call__(self, *args, **kwargs):
-        if args or not self.decodes(kwargs):
-            cache = _cache_of(kwargs)
-            if cache is None or args:
-                return self.forward(*args, **kwargs)
-            before = _python_state(cache)
-            out = self.forward(*args, **kwargs)
-            if _counted(before, _python_state(cache)):  # (the prefill counted in Python)
-                self.on = False
-            return out
         cache = _cache_of(kwargs)
+        if args or cache is None:
+            return self.forward(*args, **kwargs)
+        before = _python_state(cache)
+        if not self.decodes(kwargs):  # (the prefill: its cache's lazy set-up changes it all)
+            out = self.forward(**kwargs)
+            self.on = self.on and not _counted(before, _python_state(cache))
+            return out
         tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
         rest = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
-        before = _python_state(cache)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CaptureWarning)  # (not replayed: traced, as before)
             fields = self.step(tensors, rest)
-        if _python_state(cache) != before:  # (a traced call: the next ones run the forward)
-            self.on = False
+        # (a traced call that changed it: the next ones run the forward)
+        self.on = _python_state(cache) == before
         names = getattr(self.output, "__dataclass_fields__", ())
         name = "cache" if "cache" in names else "past_key_values"  # (transformers 5's, 4's)
         return self.output(**fields, **{name: cache})

@@ -705,11 +705,12 @@ def _program(plan: Replay, entry: _Entry, pending, roles, host_reads, inputs) ->
     plan.exe = exe
     for p, a in zip(g.params, arrays, strict=True):
         plan.shapes.append(p.shape)
-        plan.specs.append(p.sharding)
         pid = id(p)
-        if pid in arg_nodes:
-            plan.sources.append((ARG, arg_nodes[pid]))
-            plan.specs[-1] = entry.arg_specs.get(arg_nodes[pid])
+        # (an argument's placement as it was passed; the call may have placed it anew)
+        arg = arg_nodes.get(pid)
+        plan.specs.append(p.sharding if arg is None else entry.arg_specs.get(arg))
+        if arg is not None:
+            plan.sources.append((ARG, arg))
         elif pid in holders:
             owner = grad_owner.get(id(holders[pid][0])) if len(holders[pid]) == 1 else None
             if owner is not None:  # read as p.grad, whichever tensor that is at a replay
