@@ -104,6 +104,8 @@ _FRONTEND = {
     **dict.fromkeys(("mark_sharding_with_gradients", "shard_as"), "regions._layouts"),
     **dict.fromkeys(("CheckpointManager", "consolidated_state_dict"), "io._checkpoints"),
     "ShardedLoader": "io._loader",
+    **dict.fromkeys(("LazyDeviceMesh", "device_mesh"), "parallel._mesh"),
+    "apply_tp_plan": "parallel._plans",
     "install": "_install",
 }
 

@@ -108,9 +108,24 @@ def lower_node(n, operands, program):
             )
         spec = spec_at(n.sharding, k)
         if spec is not None:
-            o = jax.lax.with_sharding_constraint(o, program.jax_sharding(spec))
+            sharding = program.jax_sharding(spec)
+            if n.op == "ir::annotate" and n.attrs.get("open"):
+                sharding = open_dims(sharding, n.attrs["open"])
+            o = jax.lax.with_sharding_constraint(o, sharding)
         checked.append(o)
     return tuple(checked)
+
+
+def open_dims(sharding, dims):
+    """``sharding`` with ``dims`` left to XLA (``PartitionSpec.UNCONSTRAINED``): a placement that
+    fixes some dims and lets propagation choose the others (a placement on a sub-mesh says
+    nothing of the root mesh's other axes)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    entries = list(sharding.spec) + [None] * (max(dims) + 1 - len(sharding.spec))
+    for d in dims:
+        entries[d] = PartitionSpec.UNCONSTRAINED
+    return NamedSharding(sharding.mesh, PartitionSpec(*entries))
 
 
 def function(g: Graph, out_order=None, checks=None):

@@ -1,0 +1,206 @@
+"""``distribute_tensor``, ``distribute_module`` and the ``DTensor`` methods of a lazy tensor
+(``placements``, ``device_mesh``, ``full_tensor``, ``redistribute``, ``to_local``), on the
+placements of ``_placements``."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import Partial, Replicate
+
+from ir_runtime._errors import DistributedError
+from ir_runtime._frontend.parallel import _placements as P
+from ir_runtime._frontend.parallel._mesh import LazyDeviceMesh, as_lazy_mesh
+from ir_runtime._frontend.recording._api import (
+    _relink_annotated,
+    check_lazy,
+    to_lazy,
+)
+from ir_runtime._frontend.recording._device_orders import check_annotation
+from ir_runtime._frontend.recording._tensor import LazyTensor
+from ir_runtime._frontend.regions._layouts import mark_sharding_with_gradients
+from ir_runtime._frontend.steps import _step
+from ir_sharding import ShardingError
+
+
+def place(t: LazyTensor, mesh: LazyDeviceMesh, placements: tuple, what: str) -> LazyTensor:
+    """Annotate ``t`` itself (a parameter, a buffer, a fresh alias) with ``placements`` on
+    ``mesh``, its other root axes as they were; its gradient is placed alike."""
+    placements = P.check_placements(mesh, placements, t.dim(), what)
+    spec = P.spec_for(mesh, placements, tuple(t.shape), base=t._spec, what=what)
+    check_annotation(t, spec)
+    if t.requires_grad and t.grad_fn is None:
+        mark_sharding_with_gradients(t, spec.mesh, spec.partition_spec)
+    else:
+        _step.no_region("places a tensor")
+        _relink_annotated(t, spec)
+        t._annotate(spec)
+    root = mesh._get_root_mesh()
+    if mesh is not root and not P.within(t._spec, mesh):  # placed on other axes too: the root
+        mesh, placements = root, P.placements_on(root, t._spec, tuple(t.shape))
+    P._record(t, mesh, placements, t._spec)
+    return t
+
+
+def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0):
+    """torch's ``distribute_tensor`` on a mesh of ``ir_runtime.device_mesh``: a new lazy tensor
+    with ``tensor``'s value (moved to the lazy device if it is on the CPU), placed as
+    ``placements`` (default: replicated). ``src_data_rank`` is accepted: the value is the one
+    global tensor, from no rank in particular."""
+    mesh = as_lazy_mesh(device_mesh, "distribute_tensor")
+    if not isinstance(tensor, torch.Tensor):
+        raise ShardingError(f"distribute_tensor takes a tensor, got {type(tensor).__name__}")
+    if not tensor.is_leaf:
+        raise ShardingError(
+            "distribute_tensor takes a leaf tensor (torch's rule); this one has history "
+            f"({tensor.grad_fn.name()}): use t.redistribute(...) or detach it first"
+        )
+    placements = P.check_placements(mesh, placements, tensor.dim(), "distribute_tensor")
+    P.spec_for(mesh, placements, tuple(tensor.shape), what="distribute_tensor")  # checked first
+    if isinstance(tensor, LazyTensor):
+        out = LazyTensor(tensor._ir, requires_grad=tensor.requires_grad)  # an alias, then placed
+    elif tensor.device.type == "cpu":
+        out = to_lazy(tensor.detach()).requires_grad_(tensor.requires_grad)
+    else:
+        raise ShardingError(
+            f"distribute_tensor on a mesh of ir_runtime.device_mesh takes a CPU or lazy tensor, "
+            f"got one on {tensor.device}"
+        )
+    return place(out, mesh, placements, "distribute_tensor")
+
+
+def _unplaced(module: torch.nn.Module, root) -> list:
+    return [
+        (m, kind, name, t)
+        for m in module.modules()
+        for kind, tensors in (("parameter", m._parameters), ("buffer", m._buffers))
+        for name, t in tensors.items()
+        if t is not None and not (t._spec is not None and t._spec.mesh == root)
+    ]
+
+
+def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None, output_fn=None):
+    """torch's ``distribute_module`` on a mesh of ``ir_runtime.device_mesh``: the module moved
+    to the lazy device (if it is not there), ``partition_fn(name, submodule, mesh)`` run on each
+    submodule, every parameter and buffer it left unplaced replicated, and ``input_fn`` /
+    ``output_fn`` installed as forward pre-hook and hook, as torch does."""
+    mesh = as_lazy_mesh(device_mesh, "distribute_module")
+    to_lazy(module)
+    if partition_fn is not None:
+        for name, submodule in module.named_modules():
+            partition_fn(name, submodule, mesh)
+    replicate = (Replicate(),) * mesh.ndim
+    for _, _, name, t in _unplaced(module, mesh._ir_mesh):
+        place(t, mesh, replicate, f"distribute_module: {name}")
+    if input_fn is not None:
+        module.register_forward_pre_hook(lambda mod, inputs: input_fn(mod, inputs, mesh))
+    if output_fn is not None:
+        module.register_forward_hook(lambda mod, inputs, outputs: output_fn(mod, outputs, mesh))
+    return module
+
+
+# -- the DTensor methods of a lazy tensor ---------------------------------------------------
+
+
+def _placements(self) -> tuple:
+    """The tensor's placements on its ``device_mesh`` (see ``_placements.describe``)."""
+    return P.describe(self)[1]
+
+
+def _device_mesh(self):
+    """The ``DeviceMesh`` the tensor is placed on (None: on one device)."""
+    return P.describe(self)[0]
+
+
+def _mesh_and_placements(t, what):
+    mesh, placements = P.describe(t)
+    if mesh is None:
+        raise ShardingError(f"{what}: the tensor is on one device, not placed on a mesh")
+    return mesh, placements
+
+
+def _full_tensor(self, *, grad_placements=None):
+    """The global value, replicated over the mesh (an all-gather where it is sharded); the
+    gradient goes back to the tensor's own placements (or ``grad_placements``)."""
+    check_lazy(self, "full_tensor")
+    mesh, placements = P.describe(self)
+    if mesh is None:
+        return self.view_as(self)
+    back = grad_placements if grad_placements is not None else _resolved(placements)
+    return P.constrain(self, mesh, (Replicate(),) * mesh.ndim, back, "full_tensor")
+
+
+def _resolved(placements) -> tuple:
+    """A gradient's placements: a Partial reads as replicated (its value is the reduced one)."""
+    return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+
+
+def _redistribute(
+    self, device_mesh=None, placements=None, *, async_op=False, forward_dtype=None,
+    backward_dtype=None,
+):
+    """The tensor placed as ``placements`` on ``device_mesh`` (default: its own), as a new
+    tensor; its gradient goes back to the placements it had. ``async_op`` is accepted (XLA
+    schedules every collective); ``forward_dtype`` casts the result, ``backward_dtype`` the
+    gradient, as torch does."""
+    check_lazy(self, "redistribute")
+    mesh, before = P.describe(self)
+    if device_mesh is not None:
+        device_mesh = as_lazy_mesh(device_mesh, "redistribute")
+        if mesh is not None and device_mesh._ir_mesh != mesh._ir_mesh:
+            raise ShardingError(
+                f"redistribute: the tensor is on {mesh!r}, not on {device_mesh!r}: placements "
+                f"move a tensor within its mesh (distribute_tensor places it on another)"
+            )
+        mesh = device_mesh
+    if mesh is None:
+        raise ShardingError("redistribute: the tensor is on one device, not placed on a mesh")
+    if placements is None:
+        placements = before
+    x = self
+    if forward_dtype is not None and forward_dtype != x.dtype:
+        x = x.to(forward_dtype)
+    if backward_dtype is not None and x.requires_grad:
+        x = _CastGrad.apply(x, backward_dtype)
+    back = _resolved(before) if len(before) == mesh.ndim else None
+    return P.constrain(x, mesh, placements, back, "redistribute")
+
+
+class _CastGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, dtype):
+        ctx.dtype = t.dtype, dtype
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        original, dtype = ctx.dtype
+        return grad.to(dtype).to(original), None
+
+
+def _to_local(self, *, grad_placements=None):
+    """What this process's devices hold together: with one process (every device), the whole
+    value, as a new tensor whose gradient flows back (each process's part, across processes,
+    is refused: ``to_local`` would make each process's program differ)."""
+    check_lazy(self, "to_local")
+    mesh, placements = P.describe(self)
+    if mesh is None:
+        return self.view_as(self)
+    from ir_runtime._distributed import process_count
+
+    if process_count() > 1:
+        raise DistributedError(
+            "to_local() across processes: each process's part is a different program. Use "
+            "ir_runtime.process_local_slices(mesh, spec, shape) to see this process's part and "
+            "ir_runtime.to_torch to read it; whole tensors are what a program computes on"
+        )
+    return self.view_as(self)
+
+
+def install() -> None:
+    """Give ``LazyTensor`` the ``DTensor`` methods."""
+    LazyTensor.placements = property(_placements)
+    LazyTensor.device_mesh = property(_device_mesh)
+    LazyTensor.full_tensor = _full_tensor
+    LazyTensor.redistribute = _redistribute
+    LazyTensor.to_local = _to_local
+
