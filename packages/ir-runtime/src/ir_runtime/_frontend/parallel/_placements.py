@@ -129,15 +129,33 @@ def within(spec: ShardingSpec, mesh: LazyDeviceMesh) -> bool:
     return all(set(axes) <= mine for axes in _entries(spec, spec.rank or 0))
 
 
-def open_dims(mesh: LazyDeviceMesh, placements: tuple, ndim: int) -> tuple:
-    """The dims an activation's constraint leaves to XLA: on a mesh that is not its whole root,
-    every dim the placements do not split (a sub-mesh says nothing of the other axes)."""
-    if mesh is mesh._get_root_mesh() or set(mesh._ir_mesh.axis_names) <= {
-        a for axes in mesh._axes for a in axes
-    }:
-        return ()
+# (root mesh, axis) that ``fully_shard`` made data-parallel: an activation's batch (dim 0) is
+# split over them, as each data-parallel rank's batch is its own part of the global one.
+DATA_AXES: set = set()
+
+
+def activation_spec(mesh: LazyDeviceMesh, placements: tuple, shape, what="") -> tuple:
+    """``(spec, open dims)`` of an activation placed as ``placements`` on ``mesh``. On a
+    sub-mesh the root's other axes are not the placement's: data-parallel axes (``DATA_AXES``)
+    split dim 0 when the placement leaves it whole and it divides; if other axes remain, the
+    dims the placement does not split are left to XLA (open)."""
+    spec = spec_for(mesh, placements, shape, what=what)
+    mine = {a for axes in mesh._axes for a in axes}
+    others = [a for a in mesh._ir_mesh.axis_names if a not in mine]
+    if not others:
+        return spec, ()
     split = {p.dim for p in placements if isinstance(p, Shard)}
-    return tuple(d for d in range(ndim) if d not in split)
+    entries = _entries(spec, len(shape))
+    data = [a for a in others if (mesh._ir_mesh, a) in DATA_AXES]
+    sizes = dict(zip(mesh._ir_mesh.axis_names, mesh._ir_mesh.shape, strict=True))
+    if data and shape and 0 not in split and shape[0] % math.prod(sizes[a] for a in data) == 0:
+        entries[0] = data + entries[0]
+        others = [a for a in others if a not in data]
+        split.add(0)
+        spec = _spec(mesh._ir_mesh, entries)
+    if not others:
+        return spec, ()
+    return spec, tuple(d for d in range(len(shape)) if d not in split)
 
 
 # -- what a tensor says ---------------------------------------------------------------------
@@ -265,13 +283,11 @@ def constrain(t, mesh: LazyDeviceMesh, placements: tuple, back=None, what="") ->
     check_lazy(t, what or "a placement")
     ndim = t.dim()
     placements = check_placements(mesh, placements, ndim, what or "placements")
-    spec = spec_for(mesh, placements, tuple(t.shape), what=what)
-    opened = open_dims(mesh, placements, ndim)
+    spec, opened = activation_spec(mesh, placements, tuple(t.shape), what)
     back_spec = back_open = None
     if back is not None:
         back = check_placements(mesh, back, ndim, what or "placements")
-        back_spec = spec_for(mesh, back, tuple(t.shape), what=what)
-        back_open = open_dims(mesh, back, ndim)
+        back_spec, back_open = activation_spec(mesh, back, tuple(t.shape), what)
     if t.requires_grad:
         out = _Constrain.apply(t, spec, opened, back_spec, back_open)
     else:

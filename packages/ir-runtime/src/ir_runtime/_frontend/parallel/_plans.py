@@ -536,6 +536,7 @@ def fully_shard(
         _MANAGED[p] = True
         managed.extend(where)
     unit = _Unit(mesh, managed, mp_policy, reshard_after_forward)
+    P.DATA_AXES.update((mesh._ir_mesh, a) for axes in mesh._axes for a in axes)
     for m in modules:
         _SHARDED[m] = unit
         if mp_policy.param_dtype is not None or mp_policy.output_dtype is not None:
