@@ -6,14 +6,15 @@ import transformers as tf
 
 
 def causal(kind="llama", vocab_size=96, hidden_size=32, layers=2, seed=0, **overrides):
-    """A Llama, Qwen2 or Mistral causal LM: 4 attention heads over 2 key/value heads;
-    ``overrides`` are more config fields (``tie_word_embeddings=True``, ``sliding_window=4``)."""
+    """A Llama, Qwen2 or Mistral causal LM: 4 attention heads over 2 key/value heads unless
+    ``overrides`` (more config fields: ``tie_word_embeddings=True``, ``sliding_window=4``,
+    ``num_key_value_heads=4``) say otherwise."""
     config_class, model_class = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
     }[kind]
-    config = config_class(
+    fields = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -21,8 +22,8 @@ def causal(kind="llama", vocab_size=96, hidden_size=32, layers=2, seed=0, **over
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
-        **overrides,
     )
+    config = config_class(**(fields | overrides))
     return _build(model_class, config, seed)
 
 
