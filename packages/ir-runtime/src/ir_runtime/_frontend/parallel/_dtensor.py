@@ -74,8 +74,13 @@ def _unplaced(module: torch.nn.Module, root) -> list:
         for m in module.modules()
         for kind, tensors in (("parameter", m._parameters), ("buffer", m._buffers))
         for name, t in tensors.items()
-        if t is not None and not (t._spec is not None and t._spec.mesh == root)
+        if t is not None and not _placed_on(t, root)
     ]
+
+
+def _placed_on(t, root) -> bool:
+    where = t._where() if isinstance(t, LazyTensor) else None
+    return where is not None and where.mesh == root
 
 
 def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None, output_fn=None):
@@ -135,7 +140,12 @@ def _resolved(placements) -> tuple:
 
 
 def _redistribute(
-    self, device_mesh=None, placements=None, *, async_op=False, forward_dtype=None,
+    self,
+    device_mesh=None,
+    placements=None,
+    *,
+    async_op=False,
+    forward_dtype=None,
     backward_dtype=None,
 ):
     """The tensor placed as ``placements`` on ``device_mesh`` (default: its own), as a new
@@ -182,7 +192,7 @@ def _to_local(self, *, grad_placements=None):
     value, as a new tensor whose gradient flows back (each process's part, across processes,
     is refused: ``to_local`` would make each process's program differ)."""
     check_lazy(self, "to_local")
-    mesh, placements = P.describe(self)
+    mesh, _ = P.describe(self)
     if mesh is None:
         return self.view_as(self)
     from ir_runtime._distributed import process_count
@@ -203,4 +213,3 @@ def install() -> None:
     LazyTensor.full_tensor = _full_tensor
     LazyTensor.redistribute = _redistribute
     LazyTensor.to_local = _to_local
-

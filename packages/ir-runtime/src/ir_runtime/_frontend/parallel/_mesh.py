@@ -95,9 +95,7 @@ class LazyDeviceMesh(DeviceMesh):
             )
         if flat is None:
             axes = (tuple(a for group in self._axes for a in group),)
-            flat = _make(
-                root._device_type, layout, root._rank_map, (mesh_dim_name,), root, axes
-            )
+            flat = _make(root._device_type, layout, root._rank_map, (mesh_dim_name,), root, axes)
             root._flatten_mapping[mesh_dim_name] = flat
 
     def _flatten(self, mesh_dim_name=None, backend_override=None):
@@ -150,7 +148,7 @@ def _sub(root: LazyDeviceMesh, names) -> LazyDeviceMesh:
 # ir_sharding Mesh -> its LazyDeviceMesh, so a tensor annotated through mark_sharding reports
 # placements on the same mesh object each time (bounded by the meshes the program builds).
 _BY_IR_MESH: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_LATEST: list = [None]  # the mesh ir_runtime.device_mesh built last (results' mesh of choice)
+_BUILT: list = []  # weak references to the meshes device_mesh built, oldest first
 
 
 def _rebuild(ir_mesh: Mesh) -> LazyDeviceMesh:
@@ -164,9 +162,7 @@ def _root(ir_mesh: Mesh) -> LazyDeviceMesh:
     from ir_runtime._distributed import process_index
 
     ids = np.asarray(ir_mesh.device_ids)
-    mine = [
-        d.id for d in global_devices() if d.process_index == process_index()
-    ]
+    mine = [d.id for d in global_devices() if d.process_index == process_index()]
     local = [i for i in ids.tolist() if i in mine]
     if not local:
         raise DistributedError(
@@ -227,7 +223,7 @@ def device_mesh(mesh_shape, mesh_dim_names=None, *, devices=None) -> LazyDeviceM
     ir_mesh = Mesh(ids, shape, names)
     _route.install()
     mesh = _root(ir_mesh)
-    _LATEST[0] = mesh
+    _BUILT[:] = [r for r in _BUILT if r() is not None and r() is not mesh] + [weakref.ref(mesh)]
     return mesh
 
 
@@ -238,20 +234,20 @@ def as_lazy_mesh(mesh, what: str) -> LazyDeviceMesh:
 
         mesh = _mesh_resources.get_current_mesh()
     if not isinstance(mesh, LazyDeviceMesh):
-        raise ShardingError(
-            f"{what} takes a mesh of ir_runtime.device_mesh, got {mesh!r}"
-        )
+        raise ShardingError(f"{what} takes a mesh of ir_runtime.device_mesh, got {mesh!r}")
     return mesh
 
 
 def mesh_of(spec) -> LazyDeviceMesh:
     """The ``LazyDeviceMesh`` to describe a placement ``spec`` on: the one of its own mesh if
-    the program built it, else the mesh ``device_mesh`` built last if it has the same devices,
+    the program built it, else the latest mesh ``device_mesh`` built with the same devices,
     else one made of the spec's mesh."""
     mesh = _BY_IR_MESH.get(spec.mesh)
     if mesh is not None:
         return mesh
-    latest = _LATEST[0]
-    if latest is not None and set(latest._ir_mesh.device_ids) == set(spec.mesh.device_ids):
-        return latest
+    devices = set(spec.mesh.device_ids)
+    for ref in reversed(_BUILT):
+        built = ref()
+        if built is not None and set(built._ir_mesh.device_ids) == devices:
+            return built
     return _root(spec.mesh)

@@ -216,7 +216,9 @@ def _contains(outer, inner, shape) -> bool:
 
 
 def _size(block, shape) -> int:
-    return math.prod(max(0, _bounds(s, n)[1] - _bounds(s, n)[0]) for s, n in zip(block, shape))
+    return math.prod(
+        max(0, _bounds(s, n)[1] - _bounds(s, n)[0]) for s, n in zip(block, shape, strict=True)
+    )
 
 
 def describe(t: LazyTensor):

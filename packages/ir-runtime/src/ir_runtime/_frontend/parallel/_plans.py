@@ -80,7 +80,9 @@ def _inputs_hook(module, mesh, layouts, desired, what):
     def hook(mod, args):
         return tuple(
             _layout(a, mesh, lay, want, f"{what}: input {i}")
-            for i, (a, lay, want) in enumerate(zip(args, _pad(layouts, args), _pad(desired, args)))
+            for i, (a, lay, want) in enumerate(
+                zip(args, _pad(layouts, args), _pad(desired, args), strict=True)
+            )
         )
 
     return hook
@@ -103,7 +105,14 @@ def _kwargs_hook(module, mesh, layouts, desired, kw_layouts, kw_desired, what):
 
 
 def _pad(layouts, values) -> tuple:
+    """One layout per value (None past the layouts given); more layouts than values is
+    torch's error."""
     layouts = tuple(layouts)
+    if len(layouts) > len(values):
+        raise ShardingError(
+            f"{len(layouts)} layout(s) {list(layouts)} for {len(values)} value(s): the module's "
+            f"inputs (outputs) and their layouts must have the same length"
+        )
     return layouts + (None,) * (len(values) - len(layouts))
 
 
@@ -115,7 +124,7 @@ def _outputs_hook(mesh, layouts, desired, what):
             return tuple(
                 _layout(o, mesh, lay, want, f"{what}: output {i}")
                 for i, (o, lay, want) in enumerate(
-                    zip(outputs, _pad(layouts, outputs), _pad(desired or (), outputs))
+                    zip(outputs, _pad(layouts, outputs), _pad(desired or (), outputs), strict=True)
                 )
             )
         return outputs
@@ -187,7 +196,8 @@ def _style_actions(style, module, mesh, path) -> list:
         seq = style.sequence_sharding
         pre = _inputs_hook(module, mesh, seq, (), what)
         post = _outputs_hook(mesh, seq, None, what)
-        return params + [
+        return [
+            *params,
             lambda: module.register_forward_pre_hook(pre),
             lambda: module.register_forward_hook(post),
         ]
@@ -197,8 +207,13 @@ def _style_actions(style, module, mesh, path) -> list:
     if isinstance(inputs, PrepareModuleInput):
         if inputs.with_kwargs:
             pre = _kwargs_hook(
-                module, mesh, inputs.input_layouts, inputs.desired_input_layouts,
-                inputs.input_kwarg_layouts, inputs.desired_input_kwarg_layouts, what,
+                module,
+                mesh,
+                inputs.input_layouts,
+                inputs.desired_input_layouts,
+                inputs.input_kwarg_layouts,
+                inputs.desired_input_kwarg_layouts,
+                what,
             )
             actions.append(lambda: module.register_forward_pre_hook(pre, with_kwargs=True))
         else:
@@ -289,9 +304,20 @@ def _hf_style(name: str):
 
 _REPLICATED = ("replicate", "local_params", "replicated_with_grad_allreduce", "all_reduce")
 HF_STYLES = (
-    "colwise", "unit_colwise", "packed_colwise", "colwise_rep", "colwise_gather_output",
-    "embedding_colwise", "rowwise", "unit_rowwise", "packed_rowwise", "rowwise_rep",
-    "rowwise_split_input", "embedding_rowwise", "sequence_parallel", *_REPLICATED,
+    "colwise",
+    "unit_colwise",
+    "packed_colwise",
+    "colwise_rep",
+    "colwise_gather_output",
+    "embedding_colwise",
+    "rowwise",
+    "unit_rowwise",
+    "packed_rowwise",
+    "rowwise_rep",
+    "rowwise_split_input",
+    "embedding_rowwise",
+    "sequence_parallel",
+    *_REPLICATED,
 )
 
 
@@ -478,8 +504,7 @@ def fully_shard(
     for m in modules:
         if not isinstance(m, nn.Module) or isinstance(m, nn.ModuleList | nn.ModuleDict):
             raise ShardingError(
-                f"fully_shard takes a module with a forward (torch's rule), got "
-                f"{type(m).__name__}"
+                f"fully_shard takes a module with a forward (torch's rule), got {type(m).__name__}"
             )
         if m in _SHARDED:
             raise ShardingError(f"fully_shard: {type(m).__name__} is already fully sharded")
@@ -497,8 +522,7 @@ def fully_shard(
         )
     if not (reshard_after_forward is None or isinstance(reshard_after_forward, bool | int)):
         raise ShardingError(
-            f"fully_shard: reshard_after_forward is a bool or an int, got "
-            f"{reshard_after_forward!r}"
+            f"fully_shard: reshard_after_forward is a bool or an int, got {reshard_after_forward!r}"
         )
     mp_policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     ignored = {id(p) for p in ignored_params or ()}

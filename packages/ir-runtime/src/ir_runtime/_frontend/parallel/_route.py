@@ -38,7 +38,7 @@ def _trampoline(fn, global_name: str):
         lines += [f"        ({', '.join(free)},)"]
     lines += [f"        return {global_name}(*args, **kwargs)", f"    return {fn.__name__}"]
     scope: dict = {}
-    exec("\n".join(lines), scope)  # noqa: S102  (our own fixed source)
+    exec("\n".join(lines), scope)  # (our own fixed source)
     code = scope["_outer"]().__code__
     assert code.co_freevars == free, (code.co_freevars, free)
     return code.replace(co_qualname=fn.__qualname__, co_firstlineno=fn.__code__.co_firstlineno)
@@ -77,8 +77,39 @@ def route(fn, key: str, mesh_arg: str, ours) -> None:
     _ROUTED[key] = dispatch
 
 
+def _one_process_dcp(module, name: str) -> None:
+    """``torch.distributed.checkpoint``'s save or load (``module.name``, which ``dcp.save`` /
+    ``dcp.load`` call) refuses lazy tensors across processes: DCP splits the work by torch
+    rank, which a run of ``jax.distributed`` does not have, and each process would read whole
+    tensors it does not hold. One process writes and reads DCP's format as it is."""
+    inner = getattr(module, name)
+    if getattr(inner, "_ir_runtime_checked", False):
+        return
+
+    def checked(state_dict, *args, **kwargs):
+        from torch.utils._pytree import tree_leaves
+
+        from ir_runtime._distributed import process_count
+        from ir_runtime._errors import DistributedError
+        from ir_runtime._frontend.recording._tensor import LazyTensor
+
+        if process_count() > 1 and any(isinstance(x, LazyTensor) for x in tree_leaves(state_dict)):
+            raise DistributedError(
+                f"torch.distributed.checkpoint ({name.strip('_')}) of lazy tensors across "
+                f"{process_count()} processes: DCP divides the work by torch rank, and this "
+                f"run's processes are jax.distributed's, each holding part of every tensor. "
+                f"Use ir_runtime.CheckpointManager, which writes and reads each process's "
+                f"shards (one process writes DCP's format as it is)"
+            )
+        return inner(state_dict, *args, **kwargs)
+
+    checked._ir_runtime_checked = True
+    setattr(module, name, checked)
+
+
 def install() -> None:
-    """Route torch's four functions (module docstring); idempotent."""
+    """Route torch's four functions (module docstring), and check DCP's save and load;
+    idempotent."""
     from torch.distributed import tensor as dt
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import parallel
@@ -89,7 +120,13 @@ def install() -> None:
     route(dt.distribute_tensor, "distribute_tensor", "device_mesh", _dtensor.distribute_tensor)
     route(dt.distribute_module, "distribute_module", "device_mesh", _dtensor.distribute_module)
     route(
-        parallel.parallelize_module, "parallelize_module", "device_mesh",
+        parallel.parallelize_module,
+        "parallelize_module",
+        "device_mesh",
         _plans.parallelize_module,
     )
     route(fully_shard, "fully_shard", "mesh", _plans.fully_shard)
+    from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+
+    _one_process_dcp(state_dict_saver, "_save_state_dict")
+    _one_process_dcp(state_dict_loader, "_load_state_dict")

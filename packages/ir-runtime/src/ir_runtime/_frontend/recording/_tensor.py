@@ -116,6 +116,10 @@ class LazyTensor(torch.Tensor):
         """Lazy data is in no shared host memory."""
         return False
 
+    def is_pinned(self, device=None) -> bool:
+        """Lazy data is in no pinned host memory (DCP's planner asks every tensor)."""
+        return False
+
     def share_memory_(self):
         raise RuntimeError(
             f"a tensor on the {DEVICE} device has no host memory to share: share_memory_() "
