@@ -150,7 +150,9 @@ def test_apply_tp_plan_refuses_a_style_it_does_not_take_and_changes_nothing():
     before = {n: p._spec for n, p in model.named_parameters()}
     with pytest.raises(ShardingError, match="'moe_tp_experts' is not a style taken here"):
         irt.apply_tp_plan(model, mesh, {"lm_head": "colwise", "model.norm": "moe_tp_experts"})
-    with pytest.raises(ShardingError, match="plan key 'model.layers.*.nope' names no submodule"):
+    with pytest.raises(
+        ShardingError, match=r"plan key 'model\.layers\.\*\.nope' names no submodule"
+    ):
         irt.apply_tp_plan(model, mesh, {"lm_head": "colwise", "model.layers.*.nope": "colwise"})
     assert {n: p._spec for n, p in model.named_parameters()} == before
 

@@ -60,3 +60,26 @@ def test_the_megatron_recipe_for_a_hugging_face_decoder_trains_as_eager():
         opt.zero_grad()
         want.append(loss.item())
     np.testing.assert_allclose(ns["losses"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_parallelism_recipe_places_and_trains_as_eager():
+    from torch.distributed.tensor import Shard
+
+    code = block(ROOT / "packages/ir-runtime/README.md", "A plan in one process")
+    ns: dict = {"__name__": "readme"}
+    torch.manual_seed(0)
+    exec(compile(code, "ir-runtime/README.md", "exec"), ns)
+    model = ns["model"]
+    assert model[0].up.weight.placements == (Shard(0), Shard(0))
+    assert model[0].down.weight.placements == (Shard(0), Shard(1))
+    assert ns["train_step"].replaying
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(ns["Block"](), ns["Block"]())
+    opt = torch.optim.AdamW(eager.parameters(), lr=1e-3)
+    for _ in range(4):
+        x = torch.randn(16, 8, 64)
+        loss = eager(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    torch.testing.assert_close(torch.tensor(ns["loss"].item()), loss.detach(), rtol=1e-4, atol=0)

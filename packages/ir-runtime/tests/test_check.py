@@ -229,6 +229,28 @@ def test_an_attention_node_is_torchs_contract():
     fires("attention-shapes", [Value(short)], "takes 6, or 7 with a mask")
 
 
+def test_an_annotation_s_open_dims_are_dims_of_its_output_beside_a_sharding():
+    from ir_sharding import ShardingSpec
+
+    mesh = irt.Mesh(range(8), (2, 4), ("dp", "tp"))
+    x = leaf(Shape("float32", (4, 8)))
+    spec = ShardingSpec(mesh, (None, "tp"))
+    good = node("ir::annotate", [x], [x.shape], {"open": (0,)}, spec)
+    assert rules([Value(good)]) == []
+    for dims, match in (
+        ((2,), "distinct dims in [0, 2)"),
+        ((0, 0), "distinct"),
+        ((), "non-empty"),
+    ):
+        bad = node("ir::annotate", [x], [x.shape], {"open": dims}, spec)
+        fires("annotate-open", [Value(bad)], match)
+    fires(
+        "annotate-open",
+        [Value(node("ir::annotate", [x], [x.shape], {"open": (0,)}))],
+        "no sharding",
+    )
+
+
 def test_an_ir_op_without_the_attributes_its_rule_reads():
     key = leaf(KEY)
     fires("ir-attrs", [Value(node("ir::random_uniform", [key], attrs={"offset": 0}))], "'low'")

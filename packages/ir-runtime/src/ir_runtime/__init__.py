@@ -62,7 +62,7 @@ from ir_runtime._profile import profile
 from ir_runtime._runtime_checks import set_program_checks
 from ir_sharding import Mesh
 
-__version__ = "0.14.0"
+__version__ = "0.15.0"
 
 register_lowering = register
 
@@ -178,6 +178,7 @@ __all__ = [
     "GatherWarning",
     "GenerationWarning",
     "GraphError",
+    "LazyDeviceMesh",
     "LazyTensor",
     "LoweringError",
     "Mesh",
@@ -190,6 +191,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "all_to_all",
+    "apply_tp_plan",
     "axis_index",
     "call_jax",
     "check_graph",
@@ -197,6 +199,7 @@ __all__ = [
     "compile",
     "compile_step",
     "consolidated_state_dict",
+    "device_mesh",
     "devices",
     "dump",
     "execute",

@@ -381,6 +381,23 @@ def _ir_attrs(n, walk):
     return None
 
 
+def _open_dims(n, walk):
+    dims = n.attrs.get("open")
+    if dims is None:
+        return None
+    rank = len(n.shapes[0].dims)
+    if (
+        type(dims) is not tuple
+        or not dims
+        or any(type(d) is not int or not 0 <= d < rank for d in dims)
+        or len(set(dims)) != len(dims)
+    ):
+        return f"its `open` is {dims!r}; it is a non-empty tuple of distinct dims in [0, {rank})"
+    if n.sharding is None:
+        return "has `open` dims but no sharding: open dims leave part of a placement to XLA"
+    return None
+
+
 def _random_key(n, walk):
     if not n.operands or (n.operands[0].shape.dtype, n.operands[0].shape.dims) != _KEY:
         got = n.operands[0].shape if n.operands else "no operand"
@@ -753,6 +770,13 @@ RULES = (
     ),
     Rule(
         "ir-attrs", "record", _ir(_ATTRS), _ir_attrs, "an ir:: op has the attributes its rule reads"
+    ),
+    Rule(
+        "annotate-open",
+        "node",
+        _ir(("ir::annotate",)),
+        _open_dims,
+        "an annotation's `open` dims, if any, are distinct dims of its output, beside a sharding",
     ),
     Rule(
         "random-key",
