@@ -460,3 +460,15 @@ def test_dcp_refuses_lazy_tensors_across_processes(mesh, monkeypatch):
                 {"w": distribute_tensor(torch.ones(8), mesh, [Shard(0), Replicate()])},
                 checkpoint_id="/nonexistent",
             )
+
+
+def test_from_local_in_one_process_places_the_whole_tensor_and_passes_gradients(mesh):
+    from torch.distributed.tensor import DTensor
+
+    x = irt.to_lazy(torch.randn(8, 4)).requires_grad_()
+    d = DTensor.from_local(x, mesh, [Shard(0), Replicate()])
+    assert isinstance(d, irt.LazyTensor) and d.placements == (Shard(0), Replicate())
+    (d * 3).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((8, 4), 3.0))
+    with pytest.raises(ShardingError, match="the local tensor is the whole one"):
+        DTensor.from_local(x, mesh, [Shard(0), Replicate()], shape=(16, 4))

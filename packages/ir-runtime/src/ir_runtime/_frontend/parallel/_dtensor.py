@@ -68,6 +68,46 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
     return place(out, mesh, placements, "distribute_tensor")
 
 
+def from_local(
+    local_tensor,
+    device_mesh=None,
+    placements=None,
+    *,
+    run_check=False,
+    shape=None,
+    stride=None,
+    grad_placements=None,
+):
+    """torch's ``DTensor.from_local`` on a mesh of ``ir_runtime.device_mesh``: this process's
+    part of a tensor, placed. With one process, its devices hold the whole tensor, so the local
+    tensor is the whole value (as ``to_local`` gives it back): the result is ``local_tensor``
+    placed as ``placements``, differentiable (its gradient placed as ``grad_placements``, default
+    the placements). Across processes it is refused (``ir_runtime.from_process_local`` builds a
+    tensor from each process's part)."""
+    from ir_runtime._distributed import process_count
+
+    mesh = as_lazy_mesh(device_mesh, "DTensor.from_local")
+    if process_count() > 1:
+        raise DistributedError(
+            "DTensor.from_local across processes: use ir_runtime.from_process_local(local, "
+            "mesh, partition_spec), which builds the global tensor from each process's part"
+        )
+    if not isinstance(local_tensor, LazyTensor):
+        if not isinstance(local_tensor, torch.Tensor) or local_tensor.device.type != "cpu":
+            raise ShardingError(
+                f"DTensor.from_local takes a lazy or CPU tensor, got {local_tensor!r:.80}"
+            )
+        local_tensor = to_lazy(local_tensor)
+    if shape is not None and tuple(shape) != tuple(local_tensor.shape):
+        raise ShardingError(
+            f"DTensor.from_local: shape {tuple(shape)} for a local tensor of "
+            f"{tuple(local_tensor.shape)}; with one process the local tensor is the whole one"
+        )
+    placements = P.check_placements(mesh, placements, local_tensor.dim(), "DTensor.from_local")
+    back = grad_placements if grad_placements is not None else _resolved(placements)
+    return P.constrain(local_tensor, mesh, placements, back, "DTensor.from_local")
+
+
 def _unplaced(module: torch.nn.Module, root) -> list:
     return [
         (m, kind, name, t)

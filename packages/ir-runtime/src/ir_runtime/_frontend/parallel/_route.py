@@ -1,7 +1,7 @@
 """torch's own names reach this project for its meshes.
 
-``distribute_tensor``, ``distribute_module``, ``parallelize_module`` and FSDP2's ``fully_shard``
-run per rank in torch (each builds ``DTensor`` shards and calls collectives on process groups).
+``distribute_tensor``, ``distribute_module``, ``parallelize_module``, FSDP2's ``fully_shard``
+and ``DTensor.from_local`` run per rank in torch (each builds ``DTensor`` shards and calls collectives on process groups).
 Users import them before any ``ir_runtime`` call, so replacing the module attributes would miss
 the names they already hold. Instead each function object itself is routed, once: its code
 becomes a call to a dispatcher that runs this project's version when the mesh argument (or the
@@ -108,7 +108,7 @@ def _one_process_dcp(module, name: str) -> None:
 
 
 def install() -> None:
-    """Route torch's four functions (module docstring), and check DCP's save and load;
+    """Route torch's five functions (module docstring), and check DCP's save and load;
     idempotent."""
     from torch.distributed import tensor as dt
     from torch.distributed.fsdp import fully_shard
@@ -126,6 +126,8 @@ def install() -> None:
         _plans.parallelize_module,
     )
     route(fully_shard, "fully_shard", "mesh", _plans.fully_shard)
+    from_local = dt.DTensor.__dict__["from_local"].__func__
+    route(from_local, "from_local", "device_mesh", _dtensor.from_local)
     from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 
     _one_process_dcp(state_dict_saver, "_save_state_dict")
