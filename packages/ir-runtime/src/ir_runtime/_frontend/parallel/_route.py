@@ -4,9 +4,10 @@
 and ``DTensor.from_local`` run per rank in torch (each builds ``DTensor`` shards and calls
 collectives on process groups). Users import them before any ``ir_runtime`` call, so
 replacing the module attributes would miss the names they already hold. Instead each function
-object itself is routed, once: its code becomes a call to a dispatcher that runs this project's version when the mesh argument (or the
-current ``with mesh:`` mesh) is a ``LazyDeviceMesh``, and torch's own code, unchanged, for any
-other mesh. The function keeps its identity, name, signature and docstring.
+object itself is routed, once: its code becomes a call to a dispatcher that runs this
+project's version when the mesh argument (or the current ``with mesh:`` mesh) is a
+``LazyDeviceMesh``, and torch's own code, unchanged, for any other mesh. The function keeps its
+identity, name, signature and docstring.
 """
 
 from __future__ import annotations
