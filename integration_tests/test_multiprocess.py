@@ -231,3 +231,28 @@ def test_a_process_waiting_for_a_step_the_others_never_run_is_named():
     # once (SIGABRT, "the leader task ... died"), or the watchdog does first.
     assert procs[1].returncode in (3, -signal.SIGABRT), err1[-3000:]
     assert "lost the coordinator (process 0" in err1 or "leader task" in err1, err1[-3000:]
+
+
+def test_two_processes_train_the_tutorial_llama_under_its_plan_as_one(tmp_path):
+    """``irt.device_mesh`` across processes: each process's mesh answers for its first device
+    (process 1: device 4, coordinate (1, 0), its own tp row); the plan's program is the one
+    process's, with its losses and parameters."""
+    from plan_train import train as train_plan
+
+    out = tmp_path / "plan.npz"
+    cmd = [sys.executable, "-m", "ir_runtime.launch", "--nprocs", "2", "--cpu-devices", "4"]
+    run = subprocess.run(
+        [*cmd, os.path.join(HERE, "plan_train.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,  # a hang guard
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "[0] mesh [0, 0, 0, 0, 1, 2, 3, 0, 4, 0, 0]" in run.stdout
+    assert "[1] mesh [4, 1, 0, 4, 5, 6, 7, 0, 4, 1, 0]" in run.stdout
+    two = np.load(out)
+    losses, params, answers = train_plan()
+    assert answers == [0, 0, 0, 0, 1, 2, 3, 0, 4, 0, 0]
+    np.testing.assert_allclose(two["losses"], losses, rtol=1e-5, atol=1e-7)
+    for k, p in enumerate(params):  # (AdamW's normalized steps magnify gloo's sum order)
+        np.testing.assert_allclose(two[f"p{k}"], p, rtol=1e-4, atol=1e-4)

@@ -28,7 +28,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from ir_runtime._errors import DistributedError
-from ir_sharding import Mesh, ShardingError, global_devices
+from ir_sharding import Mesh, ShardingError, device_ordinal, global_devices
 
 
 class LazyDeviceMesh(DeviceMesh):
@@ -162,7 +162,7 @@ def _root(ir_mesh: Mesh) -> LazyDeviceMesh:
     from ir_runtime._distributed import process_index
 
     ids = np.asarray(ir_mesh.device_ids)
-    mine = [d.id for d in global_devices() if d.process_index == process_index()]
+    mine = [device_ordinal(d) for d in global_devices() if d.process_index == process_index()]
     local = [i for i in ids.tolist() if i in mine]
     if not local:
         raise DistributedError(
@@ -207,7 +207,7 @@ def device_mesh(mesh_shape, mesh_dim_names=None, *, devices=None) -> LazyDeviceM
 
     shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(mesh_shape)
     if devices is None:
-        ids = [d.id for d in all_devices()]
+        ids = list(range(len(all_devices())))  # (device id k is devices()[k])
         where = f"the {len(ids)} devices there are"
     else:
         ids = [int(i) for i in devices]
