@@ -19,7 +19,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 import ir_runtime as irt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tp_llama  # noqa: E402
+import tp_llama
 
 
 def mesh_answers(mesh) -> list:
