@@ -11,6 +11,10 @@
 3. Training steps of tiny Llama, Qwen2, GPT-2, BERT and T5 under ``compile_step`` on the 4x2 mesh
    (batch sharded over "data"): a replayed step against the same compiled program run alone on
    the same buffers (the overhead above XLA), beside eager and ``mark_step``.
+4. The TP tutorial's Llama on a (2, 4) ``irt.device_mesh`` under its TP + SP plan and FSDP2
+   (``parallelize_module``, ``fully_shard``), against the same placements written as
+   ``mark_sharding`` calls: replayed step times in alternating rounds, the compiled programs'
+   collectives and peak bytes, eager beside.
 
 Prints a table and writes JSON (``--json PATH``).
 """
@@ -28,6 +32,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))  # benchjson, at the to
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "integration_tests"))  # hf_models
 
 import hf_models  # noqa: E402
+import tp_llama  # noqa: E402
 
 import benchjson  # noqa: E402
 import ir_runtime as irt  # noqa: E402
@@ -254,6 +259,61 @@ def _bench_training(make, steps):
     return us
 
 
+def bench_plans(steps=24):
+    """Section 4: the plan against its hand-written annotations, rounds alternating."""
+    import re
+
+    import torch.nn.functional as F
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from ir_runtime._frontend import inspect
+
+    mesh = irt.device_mesh((2, 4), ("dp", "tp"))
+    eager = tp_llama.build()
+    models = {
+        "plan": tp_llama.parallelize(irt.to_lazy(copy.deepcopy(eager)), mesh),
+        "hand": tp_llama.annotate_by_hand(irt.to_lazy(copy.deepcopy(eager)), mesh._ir_mesh),
+        "eager": eager,
+    }
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-3) for k, m in models.items()}
+
+    def step(name, tokens, labels):
+        loss = F.cross_entropy(models[name](tokens).flatten(0, 1), labels.flatten())
+        loss.backward()
+        opts[name].step()
+        opts[name].zero_grad()
+        return loss
+
+    compiled = {k: irt.compile_step(functools.partial(step, k)) for k in ("plan", "hand")}
+    times = {k: [] for k in models}
+    programs = {}
+    tokens, labels = torch.randint(0, 128, (8, 16)), torch.randint(0, 128, (8, 16))
+    for k in range(steps):
+        for name in ("plan", "hand", "eager"):
+            if name == "eager":
+                start = time.perf_counter()
+                step("eager", tokens, labels)
+            else:
+                batch = [
+                    distribute_tensor(t, mesh, [Shard(0), Replicate()]) for t in (tokens, labels)
+                ]
+                start = time.perf_counter()
+                compiled[name](*batch)
+                irt.wait_device_ops()
+                exe = inspect.last_executable()
+                text = exe.compiled.as_text()
+                programs[name] = {
+                    c: len(re.findall(rf"= \S+ {c}(-start)?\(", text))
+                    for c in ("all-reduce", "all-gather", "reduce-scatter", "collective-permute")
+                } | {"peak_bytes": exe.memory()["peak"]}
+            if k >= 4:
+                times[name].append(time.perf_counter() - start)
+    out = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+    out["plan_over_hand"] = out["plan"] / out["hand"]
+    out["programs"] = programs
+    return out
+
+
 def _copy(a):
     """A copy of ``a`` in buffers of its own, placed as ``a`` is."""
     return jax.device_put(jax.numpy.copy(a), a.sharding)
@@ -296,6 +356,15 @@ def main():
             f" {t['alone']:8.0f} {t['replay_over_alone']:8.2f}x"
         )
     print("  target: replay at most 1.2x the program run alone")
+    plans = bench_plans()
+    print("The TP tutorial's Llama, TP + SP plan and FSDP2 on a 2x4 mesh, median us per step")
+    print(
+        f"  placements {plans['plan']:.0f}, the same by mark_sharding {plans['hand']:.0f}:"
+        f" {plans['plan_over_hand']:.2f}x (eager {plans['eager']:.0f})"
+    )
+    print(f"  programs: placements {plans['programs']['plan']}")
+    print(f"            mark_sharding {plans['programs']['hand']}")
+    print("  target: the same program (collectives, peak bytes); times within the spread")
     benchjson.write(
         args.json,
         {
@@ -303,6 +372,7 @@ def main():
             "generate_4x2": gen_mesh,
             "loader": loader,
             "training": training,
+            "plans": plans,
             "environment": benchjson.environment(
                 torch=torch.__version__, jax=jax.__version__, transformers=transformers.__version__
             ),
