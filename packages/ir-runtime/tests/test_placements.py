@@ -472,3 +472,29 @@ def test_from_local_in_one_process_places_the_whole_tensor_and_passes_gradients(
     torch.testing.assert_close(x.grad.cpu(), torch.full((8, 4), 3.0))
     with pytest.raises(ShardingError, match="the local tensor is the whole one"):
         DTensor.from_local(x, mesh, [Shard(0), Replicate()], shape=(16, 4))
+
+
+def test_prepare_module_input_places_keyword_inputs(mesh):
+    class Scaled(nn.Module):
+        def forward(self, x, *, scale=None):
+            return x * scale
+
+    module = Scaled()
+    parallelize_module(
+        module,
+        mesh["tp"],
+        PrepareModuleInput(
+            input_layouts=(Shard(0),),
+            desired_input_layouts=(Replicate(),),
+            input_kwarg_layouts={"scale": Replicate()},
+            desired_input_kwarg_layouts={"scale": Shard(1)},
+        ),
+    )
+    seen = {}  # (what the forward gets: this hook runs after the plan's)
+    module.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.update(x=args[0], scale=kwargs["scale"]), with_kwargs=True
+    )
+    x, scale = torch.randn(8, 4), torch.randn(8, 4)
+    out = module(irt.to_lazy(x), scale=irt.to_lazy(scale))
+    torch.testing.assert_close(out.cpu(), x * scale)
+    assert seen["x"].placements == (Replicate(),) and seen["scale"].placements == (Shard(1),)

@@ -35,7 +35,7 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-from ir_core import Generic, Value
+from ir_core import DeviceData, Generic, Value
 from ir_runtime._frontend.parallel._mesh import LazyDeviceMesh, as_lazy_mesh, mesh_of
 from ir_runtime._frontend.recording import _fast
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
@@ -171,8 +171,14 @@ def _recorded(t: LazyTensor):
     if dt is None:
         return None
     mesh, placements, spec = dt
-    if t._spec is spec or (t._spec is None and t._ir.node.sharding is spec):
+    node = t._ir.node
+    where = t._spec if t._spec is not None else node.sharding
+    if where == spec:  # (still so after a step rebinds it to its result)
         return mesh, placements
+    if where is None and type(node) is DeviceData and spec.kind is ShardingKind.REPLICATED:
+        held = getattr(node.handle, "sharding", None)  # a result held replicated
+        if held is not None and len(held.device_set) == spec.mesh.size:
+            return mesh, placements
     return None
 
 
