@@ -162,8 +162,8 @@ def _state(model) -> dict:
 
 
 def test_checkpoints_of_a_placed_model_restore_into_another_mesh_bit_for_bit(tmp_path):
-    """DCP (``torch.distributed.checkpoint.save/load``), ``CheckpointManager`` and
-    ``save_pretrained`` of a model placed on 2x4 restore into one placed on 4x2."""
+    """DCP (``torch.distributed.checkpoint.save/load``), ``load_state_dict`` and
+    ``CheckpointManager`` of a model placed on 2x4 restore into one placed on 4x2."""
     source = tp_llama.parallelize(
         irt.to_lazy(tp_llama.build(seed=1)), irt.device_mesh((2, 4), ("dp", "tp"))
     )
@@ -185,6 +185,13 @@ def test_checkpoints_of_a_placed_model_restore_into_another_mesh_bit_for_bit(tmp
         assert torch.equal(got[key], want[key]), key
     wq = restored.layers[0].attention.wq.weight
     assert wq.placements == (Shard(0), Shard(0)) and wq.device_mesh is target_mesh
+
+    restored = target()
+    restored.load_state_dict(source.state_dict())  # (a copy into each placed parameter)
+    got = _state(restored)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    assert restored.layers[0].attention.wq.weight.placements == (Shard(0), Shard(0))
 
     manager = irt.CheckpointManager(tmp_path / "orbax")
     manager.save(0, {"model": source})
