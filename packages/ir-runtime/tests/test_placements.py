@@ -498,3 +498,125 @@ def test_prepare_module_input_places_keyword_inputs(mesh):
     out = module(irt.to_lazy(x), scale=irt.to_lazy(scale))
     torch.testing.assert_close(out.cpu(), x * scale)
     assert seen["x"].placements == (Replicate(),) and seen["scale"].placements == (Shard(1),)
+
+
+def test_a_subclass_of_a_torch_style_that_overrides_its_hooks_is_refused_by_name(mesh):
+    """Its ``_prepare_*_fn`` run per rank on shards (torchao's float8 styles cast there):
+    refused, naming them, rather than silently read as its base; a subclass that overrides
+    nothing of its base's is its base."""
+
+    class Halved(ColwiseParallel):
+        @staticmethod
+        def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+            return outputs * 0.5
+
+    class Named(ColwiseParallel):
+        def __init__(self):
+            super().__init__(output_layouts=Replicate())
+
+    eager, lazy = _pair()
+    with pytest.raises(ShardingError, match=r"Halved on up overrides \['_prepare_output_fn'\]"):
+        parallelize_module(lazy, mesh["tp"], {"up": Halved()})
+    assert lazy.up.weight._spec is None
+    parallelize_module(lazy, mesh["tp"], {"up": Named()})
+    assert lazy.up.weight.placements == (Shard(0),)
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(lazy(irt.to_lazy(x)).cpu(), eager(x).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_mixed_precision_recompute_under_reentrant_checkpointing_uses_the_forward_s_dtype(mesh):
+    import torch.utils.checkpoint as checkpoint
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+
+        def forward(self, x, ckpt=False):
+            for layer in self.layers:
+                x = checkpoint.checkpoint(layer, x, use_reentrant=True) if ckpt else layer(x)
+            return x
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    models = [irt.to_lazy(Stack()) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    x = torch.randn(8, 16, requires_grad=True)
+    grads = []
+    for model, ckpt in zip(models, (False, True), strict=True):
+        fully_shard(model, mesh=mesh["dp"], mp_policy=policy)
+        model(irt.to_lazy(x).requires_grad_(), ckpt=ckpt).float().pow(2).sum().backward()
+        grads.append([p.grad.cpu() for p in model.parameters()])
+        assert all(p.dtype == torch.float32 and p.is_leaf for p in model.parameters())
+    for want, got in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_an_interrupted_forward_leaves_the_parameters_as_they_were(mesh):
+    _, lazy = _pair()
+    fully_shard(lazy, mesh=mesh["dp"], mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    lazy.up.register_forward_hook(lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        lazy(irt.to_lazy(torch.randn(4, 16)))
+    assert lazy.up.weight.dtype == torch.bfloat16  # (a KeyboardInterrupt skips always_call)
+    lazy.up._forward_hooks.popitem()
+    lazy(irt.to_lazy(torch.randn(4, 16)))  # the next forward restores what was left
+    assert all(p.dtype == torch.float32 and p.is_leaf for p in lazy.parameters())
+
+
+def test_a_user_annotation_replaces_a_placement_s_open_constraint(mesh):
+    x = distribute_tensor(torch.randn(8, 16), mesh, [Shard(0), Replicate()])
+    y = (x * 2).redistribute(mesh["tp"], [Shard(0)])  # (dim 0 on tp: dp has no dim)
+    assert y._ir.node.attrs.get("open")
+    irt.mark_sharding(y, mesh._ir_mesh, ("dp", "tp"))
+    assert not y._ir.node.attrs.get("open") and "{?}" not in irt.dump([y], "stablehlo")
+    irt.clear_sharding(y)
+    irt.check_graph([y._ir])
+    assert torch.equal(y.cpu(), x.cpu() * 2)
+
+
+def test_distribute_tensor_of_a_pending_tensor_leaves_it_unannotated(mesh):
+    b = irt.to_lazy(torch.randn(8, 4)) * 2
+    d = distribute_tensor(b, mesh, [Shard(0), Replicate()])
+    assert b._ir.node.sharding is None and d.is_leaf and d.placements == (Shard(0), Replicate())
+    assert torch.equal(d.cpu(), b.cpu())
+
+
+def test_parameters_a_partition_function_wraps_keep_their_placement_and_its_gradient(mesh):
+    _, lazy = _pair()
+
+    def partition(name, module, device_mesh):
+        if name == "up":
+            w = distribute_tensor(module.weight, device_mesh, [Shard(0)])
+            module.register_parameter("weight", nn.Parameter(w))
+
+    distribute_module(lazy, mesh["tp"], partition)
+    w = lazy.up.weight
+    assert w._spec is not None and w.placements == (Shard(0),) and w.device_mesh == mesh["tp"]
+    lazy(irt.to_lazy(torch.randn(4, 16))).sum().backward()
+    assert w.grad._ir.node.sharding == w._spec  # (the gradient's constraint)
+
+
+def test_a_plan_that_fails_late_changes_nothing_even_beside_fsdp(mesh):
+    m = irt.to_lazy(nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 12)))
+    fully_shard(m, mesh=mesh["dp"])
+    before = [p._spec for p in m.parameters()]
+    with pytest.raises(ShardingError, match="12"):  # 12 rows over dp x tp: 8 blocks
+        parallelize_module(m, mesh["tp"], {"0": ColwiseParallel(), "1": ColwiseParallel()})
+    assert [p._spec for p in m.parameters()] == before and not m[0]._forward_pre_hooks
+
+
+def test_reading_placements_inside_a_compiled_step_keeps_it_replaying(mesh):
+    _, lazy = _pair()
+    parallelize_module(lazy, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+
+    def step(x):
+        h = torch.relu(lazy(x)) * 2
+        return h.to_local().sum() + h.full_tensor().mean()
+
+    compiled = irt.compile_step(step)
+    irt.reset_metrics()
+    for _ in range(5):
+        compiled(distribute_tensor(torch.randn(8, 16), mesh, [Shard(0), Replicate()]))
+    assert compiled.replaying, compiled.reason
+    assert irt.metrics()["counters"]["ExecuteCount"] == 5

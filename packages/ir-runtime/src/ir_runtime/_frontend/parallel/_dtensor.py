@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Partial, Replicate
 
+from ir_core import DeviceData
 from ir_runtime._errors import DistributedError
 from ir_runtime._frontend.parallel import _placements as P
 from ir_runtime._frontend.parallel._mesh import LazyDeviceMesh, as_lazy_mesh
@@ -55,9 +56,12 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
             f"({tensor.grad_fn.name()}): use t.redistribute(...) or detach it first"
         )
     placements = P.check_placements(mesh, placements, tensor.dim(), "distribute_tensor")
-    P.spec_for(mesh, placements, tuple(tensor.shape), what="distribute_tensor")  # checked first
+    spec = P.spec_for(mesh, placements, tuple(tensor.shape), what="distribute_tensor")
     if isinstance(tensor, LazyTensor):
-        out = LazyTensor(tensor._ir, requires_grad=tensor.requires_grad)  # an alias, then placed
+        value = tensor._ir
+        if type(value.node) is not DeviceData:  # pending: a node of its own, the input untouched
+            value = P.annotated(tensor, spec)._ir
+        out = LazyTensor(value, requires_grad=tensor.requires_grad)  # a leaf, then placed
     elif tensor.device.type == "cpu":
         out = to_lazy(tensor.detach()).requires_grad_(tensor.requires_grad)
     else:
@@ -136,6 +140,12 @@ def distribute_module(module, device_mesh=None, partition_fn=None, input_fn=None
     replicate = (Replicate(),) * mesh.ndim
     for _, _, name, t in _unplaced(module, mesh._ir_mesh):
         place(t, mesh, replicate, f"distribute_module: {name}")
+    for m in module.modules():  # placed data without an annotation: nn.Parameter(a placed
+        for name, p in m._parameters.items():  # tensor) drops it; the annotation follows
+            if isinstance(p, LazyTensor) and p._spec is None and _placed_on(p, mesh._ir_mesh):
+                where = p._where()
+                held = mesh if P.within(where, mesh) else mesh._get_root_mesh()
+                place(p, held, P.placements_on(held, where, tuple(p.shape)), name)
     if input_fn is not None:
         module.register_forward_pre_hook(lambda mod, inputs: input_fn(mod, inputs, mesh))
     if output_fn is not None:
@@ -164,14 +174,36 @@ def _mesh_and_placements(t, what):
 
 
 def _full_tensor(self, *, grad_placements=None):
-    """The global value, replicated over the mesh (an all-gather where it is sharded); the
-    gradient goes back to the tensor's own placements (or ``grad_placements``)."""
+    """The global value, replicated over every device of the mesh's root (an all-gather where
+    it is split); the gradient goes back placed as the tensor is (or as ``grad_placements``;
+    left to XLA where that is not known without running the pending graph)."""
     check_lazy(self, "full_tensor")
-    mesh, placements = P.describe(self)
+    mesh, placements = P.describe(self, run=False)
+    if mesh is None and placements is None:
+        mesh = latest_mesh(self)
     if mesh is None:
         return self.view_as(self)
-    back = grad_placements if grad_placements is not None else _resolved(placements)
-    return P.constrain(self, mesh, (Replicate(),) * mesh.ndim, back, "full_tensor")
+    shape = tuple(self.shape)
+    if grad_placements is not None:
+        back = P.activation_spec(
+            mesh, P.check_placements(mesh, grad_placements, self.dim(), ""), shape
+        )
+    else:
+        back = P.current_spec(self), ()
+    root = mesh._get_root_mesh()
+    return P.constrain(self, root, (Replicate(),) * root.ndim, what="full_tensor", back_spec=back)
+
+
+def latest_mesh(t):
+    """The mesh a pending tensor without placements is described on: the latest one
+    ``device_mesh`` built (None: none was)."""
+    from ir_runtime._frontend.parallel._mesh import _BUILT
+
+    for ref in reversed(_BUILT):
+        mesh = ref()
+        if mesh is not None:
+            return mesh
+    return None
 
 
 def _resolved(placements) -> tuple:
@@ -193,7 +225,9 @@ def _redistribute(
     schedules every collective); ``forward_dtype`` casts the result, ``backward_dtype`` the
     gradient, as torch does."""
     check_lazy(self, "redistribute")
-    mesh, before = P.describe(self)
+    mesh, before = P.describe(self, run=False)  # (None, None): not known without running
+    if mesh is None and before is None:
+        mesh = latest_mesh(self)
     if device_mesh is not None:
         device_mesh = as_lazy_mesh(device_mesh, "redistribute")
         if mesh is not None and device_mesh._ir_mesh != mesh._ir_mesh:
@@ -205,13 +239,18 @@ def _redistribute(
     if mesh is None:
         raise ShardingError("redistribute: the tensor is on one device, not placed on a mesh")
     if placements is None:
+        if before is None:
+            raise ShardingError(
+                "redistribute: no placements given, and the tensor's own are not known "
+                "without running its pending graph (read t.placements first, or pass them)"
+            )
         placements = before
     x = self
     if forward_dtype is not None and forward_dtype != x.dtype:
         x = x.to(forward_dtype)
     if backward_dtype is not None and x.requires_grad:
         x = _CastGrad.apply(x, backward_dtype)
-    back = _resolved(before) if len(before) == mesh.ndim else None
+    back = _resolved(before) if before is not None and len(before) == mesh.ndim else None
     return P.constrain(x, mesh, placements, back, "redistribute")
 
 
@@ -232,9 +271,6 @@ def _to_local(self, *, grad_placements=None):
     value, as a new tensor whose gradient flows back (each process's part, across processes,
     is refused: ``to_local`` would make each process's program differ)."""
     check_lazy(self, "to_local")
-    mesh, _ = P.describe(self)
-    if mesh is None:
-        return self.view_as(self)
     from ir_runtime._distributed import process_count
 
     if process_count() > 1:

@@ -36,6 +36,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 from ir_core import DeviceData, Generic, Value
+from ir_runtime._bounded import Bounded
 from ir_runtime._frontend.parallel._mesh import LazyDeviceMesh, as_lazy_mesh, mesh_of
 from ir_runtime._frontend.recording import _fast
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
@@ -182,12 +183,53 @@ def _recorded(t: LazyTensor):
     return None
 
 
+_DESCRIBED = Bounded(256)  # (mesh, spec, shape) -> placements
+
+
 def placements_on(mesh: LazyDeviceMesh, spec, shape) -> tuple:
     """The placements on ``mesh`` that describe ``spec`` (module docstring: exact if any are,
-    else the finest whose blocks contain each device's)."""
-    ndim = len(shape)
+    else the finest whose blocks contain each device's). Read off the spec when it is over
+    ``mesh``'s root (each mesh dim's axes split the tensor dim that lists them); otherwise
+    searched among every placement of each mesh dim (cached)."""
+    shape = tuple(shape)
     if spec is None or spec.kind is ShardingKind.REPLICATED:
         return (Replicate(),) * mesh.ndim
+    key = (mesh, spec, shape)
+    found = _DESCRIBED.get(key)
+    if found is None:
+        found = _read_off(mesh, spec, shape) or _search(mesh, spec, shape)
+        _DESCRIBED[key] = found
+    return found
+
+
+def _read_off(mesh: LazyDeviceMesh, spec, shape):
+    """Placements read off a spec over ``mesh``'s own root, or None."""
+    if spec.mesh != mesh._ir_mesh or spec.partition_spec is None:
+        return None
+    entries = _entries(spec, len(shape))
+    out = []
+    for axes in mesh._axes:
+        dims = [d for d, e in enumerate(entries) if set(axes) <= set(e)]
+        if not dims:
+            if any(set(axes) & set(e) for e in entries):
+                return None  # (part of a flattened dim's axes: not one placement)
+            out.append(Replicate())
+            continue
+        e = entries[dims[0]]
+        start = e.index(axes[0])
+        if tuple(e[start : start + len(axes)]) != tuple(axes):
+            return None
+        out.append(Shard(dims[0]))
+    placements = tuple(out)
+    try:
+        described = spec_for(mesh, placements, shape, base=spec)
+    except ShardingError:
+        return None
+    return placements if described == spec else None
+
+
+def _search(mesh: LazyDeviceMesh, spec, shape) -> tuple:
+    ndim = len(shape)
     held = spec.device_indices(shape)
     best, best_size = None, None
     for choice in itertools.product(range(-1, ndim), repeat=mesh.ndim):
@@ -227,11 +269,12 @@ def _size(block, shape) -> int:
     )
 
 
-def describe(t: LazyTensor):
+def describe(t: LazyTensor, run: bool = True):
     """``(mesh, placements)`` of a lazy tensor: those a placement API gave it, else its
-    annotation's, else those of the data XLA placed it as (a pending tensor without an
+    annotation's, else those of the data XLA placed it as. A pending tensor without an
     annotation runs its pending graph first, as reading it would, without the copy to the
-    host). A tensor on one device: ``(None, ())``."""
+    host; with ``run=False`` it is ``(None, None)`` instead (not known without running). A
+    tensor on one device: ``(None, ())``."""
     recorded = _recorded(t)
     if recorded is not None:
         return recorded
@@ -240,6 +283,8 @@ def describe(t: LazyTensor):
         from ir_runtime._frontend.steps._step import materialize, pending
 
         if pending(t):
+            if not run:
+                return None, None
             materialize(t)
         spec = t._where()
     if spec is None:
@@ -283,19 +328,35 @@ class _Constrain(torch.autograd.Function):
         return g, None, None, None, None
 
 
-def constrain(t, mesh: LazyDeviceMesh, placements: tuple, back=None, what="") -> LazyTensor:
-    """``t`` placed as ``placements`` on ``mesh`` (its gradient as ``back``, placements too),
-    as a new tensor that remembers them. ``t`` itself is left as it was."""
+def current_spec(t: LazyTensor):
+    """Where ``t`` is placed, if that is known without running anything (None: not known)."""
+    if t._spec is not None:
+        return t._spec
+    node = t._ir.node
+    if node.sharding is not None and not (node.op == "ir::annotate" and node.attrs.get("open")):
+        return node.sharding
+    return None
+
+
+def constrain(
+    t, mesh: LazyDeviceMesh, placements: tuple, back=None, what="", back_spec=None
+) -> LazyTensor:
+    """``t`` placed as ``placements`` on ``mesh`` (its gradient as ``back``, placements too,
+    or as ``back_spec``: a ``(spec, open dims)`` pair), as a new tensor that remembers them.
+    ``t`` itself is left as it was."""
     from ir_runtime._frontend.recording._api import check_lazy
 
     check_lazy(t, what or "a placement")
     ndim = t.dim()
     placements = check_placements(mesh, placements, ndim, what or "placements")
     spec, opened = activation_spec(mesh, placements, tuple(t.shape), what)
-    back_spec = back_open = None
+    back_spec, back_open = back_spec if back_spec is not None else (None, None)
     if back is not None:
         back = check_placements(mesh, back, ndim, what or "placements")
         back_spec, back_open = activation_spec(mesh, back, tuple(t.shape), what)
+    from ir_runtime._frontend.recording._device_orders import check_annotation
+
+    check_annotation(t, spec)
     if t.requires_grad:
         out = _Constrain.apply(t, spec, opened, back_spec, back_open)
     else:

@@ -141,7 +141,9 @@ def _param_actions(module, mesh, placements_of, path):
     actions = []
     for name, p in module.named_parameters(recurse=False):
         placements = P.check_placements(mesh, placements_of(name, p), p.dim(), f"{path}.{name}")
-        P.spec_for(mesh, placements, tuple(p.shape), what=f"{path}.{name} {tuple(p.shape)}")
+        base = p._spec if isinstance(p, LazyTensor) else None  # (as place() will compute it)
+        what = f"{path}.{name} {tuple(p.shape)}"
+        P.spec_for(mesh, placements, tuple(p.shape), base=base, what=what)
         actions.append(lambda m=module, n=name, pl=placements: _place_param(m, n, mesh, pl))
     return actions
 
@@ -166,8 +168,25 @@ def _style_actions(style, module, mesh, path) -> list:
             f"parallelize_module: the plan gives {path or 'the module'} {style!r}, not a "
             f"ParallelStyle"
         )
-    if type(style)._apply not in {c._apply for c in _TORCH_STYLES}:  # a user's own style
+    base = next((c for c in type(style).__mro__ if c in _TORCH_STYLES), None)
+    if base is None:  # a ParallelStyle of the user's own: its _apply, through the routes
         return [lambda: style._apply(module, mesh)]
+    overridden = sorted(
+        name
+        for cls in type(style).__mro__[: type(style).__mro__.index(base)]
+        for name in vars(cls)
+        if name in vars(base)
+        and callable(getattr(base, name))
+        and name.startswith("_")
+        and not name.startswith("__")
+    )
+    if overridden:
+        raise ShardingError(
+            f"{type(style).__name__} on {path or 'the module'} overrides {overridden} of "
+            f"{base.__name__}: those run per rank on shards, and are not run on global "
+            f"tensors here; use {base.__name__} itself, or a ParallelStyle whose _apply places "
+            f"the tensors (distribute_tensor, redistribute)"
+        )
     hooks = []
     if isinstance(style, ColwiseParallel | RowwiseParallel):
         _linear_or_embedding(module, style, path)
@@ -402,35 +421,68 @@ class _Cast(torch.autograd.Function):
 
 
 class _Unit:
-    """One ``fully_shard`` call: its mesh, its parameters (``(module, name)`` where each is
-    held), its mixed precision."""
+    """One ``fully_shard`` call: its mesh, its parameters (``(module, name, parameter)`` where
+    each is held), its mixed precision.
 
-    def __init__(self, mesh, owners, mp_policy, reshard_after_forward):
+    With a ``param_dtype``, the unit's forward sees each parameter cast (``_Cast``): the
+    unit's pre-forward hook puts the casts in the holders' ``_parameters`` and its post-forward
+    hook (which runs on an error too) puts the parameters back. A holder's own forward, run
+    outside the unit's (activation checkpointing's recompute, in the backward), casts its own
+    parameters the same way, so a recompute computes what the forward did."""
+
+    def __init__(self, mesh, params, mp_policy, reshard_after_forward):
         self.mesh = mesh
-        self.owners = owners
+        self.params = params
         self.mp = mp_policy
         self.reshard_after_forward = reshard_after_forward
-        self.saved: list = []
+        self.active: list = []  # the casts installed by the unit's forward, running
+        self.by_owner: dict = {}  # id(holder) -> the casts its own forward installed
+
+    def _install(self, params) -> list:
+        mp, installed = self.mp, []
+        for owner, name, p in params:
+            if (
+                owner._parameters.get(name) is p
+                and p.is_floating_point()
+                and p.dtype != mp.param_dtype
+            ):
+                owner._parameters[name] = _Cast.apply(p, mp.param_dtype, mp.reduce_dtype)
+                installed.append((owner, name, p))
+        return installed
+
+    @staticmethod
+    def _restore(installed) -> None:
+        for owner, name, p in reversed(installed):
+            owner._parameters[name] = p
+        installed.clear()
 
     def pre_forward(self, module, args, kwargs):
         mp = self.mp
+        self._restore(self.active)  # (what an interrupted forward left)
         if mp.param_dtype is not None:
-            for owner, name in self.owners:
-                p = owner._parameters[name]
-                if p is not None and p.is_floating_point() and p.dtype != mp.param_dtype:
-                    self.saved.append((owner, name, p))
-                    owner._parameters[name] = _Cast.apply(p, mp.param_dtype, mp.reduce_dtype)
+            self.active = self._install(self.params)
             if mp.cast_forward_inputs:
                 args, kwargs = _cast_floats((args, kwargs), mp.param_dtype)
         return args, kwargs
 
     def post_forward(self, module, args, output):
-        for owner, name, p in reversed(self.saved):
-            owner._parameters[name] = p
-        self.saved.clear()
+        self._restore(self.active)
         if self.mp.output_dtype is not None:
             return _cast_floats(output, self.mp.output_dtype)
         return output
+
+    def owner_hooks(self, owner):
+        mine = [(o, n, p) for o, n, p in self.params if o is owner]
+
+        def pre(module, args):
+            if not self.active:  # (outside the unit's forward: a recompute)
+                self._restore(self.by_owner.get(id(owner), []))
+                self.by_owner[id(owner)] = self._install(mine)
+
+        def post(module, args, output):
+            self._restore(self.by_owner.get(id(owner), []))
+
+        return pre, post
 
 
 def _cast_floats(tree, dtype):
@@ -543,10 +595,10 @@ def fully_shard(
                 f"fully_shard: shard_placement_fn gave {shard!r} for {where[0][1]}: a Shard"
             )
         placements = (shard,) if mesh.ndim == 1 else (Replicate(), shard)
+        if p.dim() == 0:  # (a scalar: on every device)
+            placements = (Replicate(),) * mesh.ndim
         what = f"fully_shard: {where[0][1]} {tuple(p.shape)}"
         placements = P.check_placements(mesh, placements, p.dim(), what)
-        if p.dim() == 0:
-            placements = (Replicate(),) * mesh.ndim
         base = p._spec if isinstance(p, LazyTensor) else None
         P.spec_for(mesh, placements, tuple(p.shape), base=base, what=what)
         plan.append((where, placements))
@@ -557,8 +609,9 @@ def fully_shard(
         owner, name = where[0]
         p = owner._parameters[name]
         place(p, mesh, placements, name)
+        managed.extend((o, n, p) for o, n in where)
+    for _, _, p in managed:
         _MANAGED[p] = True
-        managed.extend(where)
     unit = _Unit(mesh, managed, mp_policy, reshard_after_forward)
     P.DATA_AXES.update((mesh._ir_mesh, a) for axes in mesh._axes for a in axes)
     for m in modules:
@@ -567,4 +620,9 @@ def fully_shard(
             m.register_forward_pre_hook(unit.pre_forward, with_kwargs=True)
             m.register_forward_hook(unit.post_forward, always_call=True)
         m.__class__ = _fsdp_class(type(m))
+    if mp_policy.param_dtype is not None:
+        for owner in {id(o): o for o, _, _ in managed}.values():
+            pre, post = unit.owner_hooks(owner)
+            owner.register_forward_pre_hook(pre)
+            owner.register_forward_hook(post, always_call=True)
     return module

@@ -48,8 +48,8 @@ def _trampoline(fn, global_name: str):
 def route(fn, key: str, mesh_arg: str, ours) -> None:
     """From now on, ``fn(...)`` runs ``ours(...)`` when its ``mesh_arg`` (or, when that is None,
     the current mesh) is a ``LazyDeviceMesh``, else torch's own code."""
-    if key in _ROUTED:
-        return
+    if key in _ROUTED or fn.__dict__.get("_ir_runtime_routed"):
+        return  # (once: routing the trampoline again would make it call itself)
     from ir_runtime._frontend.parallel._mesh import LazyDeviceMesh
 
     signature = inspect.signature(fn)
@@ -75,6 +75,7 @@ def route(fn, key: str, mesh_arg: str, ours) -> None:
     fn.__globals__[global_name] = dispatch
     fn.__code__ = _trampoline(fn, global_name)
     fn.__signature__ = signature
+    fn._ir_runtime_routed = True
     _ROUTED[key] = dispatch
 
 

@@ -84,6 +84,9 @@ def _relink_annotated(t: LazyTensor, spec) -> None:
             new = DeviceData(node.shape, handle=placed, sharding=spec)
         t._bind(new)
         return
+    if node.op == "ir::annotate" and node.attrs.get("open"):
+        # a placement's constraint with open dims: the user's annotation replaces it whole
+        v = Value(node.clone(attrs={k: a for k, a in node.attrs.items() if k != "open"}), v.index)
     clone = (with_sharding(v, spec) if spec is not None else _clear(v)).node
     readers = [x for x in live() if x is not t]
     roots = [x._ir for x in readers]
