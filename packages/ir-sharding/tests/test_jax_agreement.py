@@ -126,6 +126,44 @@ def test_canonical_bytes_are_equal_exactly_when_jax_places_the_same_way(data):
     assert (x == y) == same_place
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_explicit_device_lists_print_as_xla_prints_them(data):
+    """``to_hlo_text(devices="ids")`` against XLA's own printer of the same tile assignment,
+    given as an explicit device list (torch_xla's form)."""
+    from jax._src.lib import xla_client as xc
+
+    mesh = data.draw(meshes())
+    spec = ShardingSpec(mesh, data.draw(partition_specs(mesh)))
+    text = spec.to_hlo_text(devices="ids")
+    if spec.kind is ShardingKind.REPLICATED:
+        assert text == str(xc.HloSharding.replicate())
+        return
+    proto = xc.OpSharding()
+    proto.type = xc.OpSharding.Type.OTHER
+    tile = spec._tile
+    proto.tile_assignment_dimensions = list(spec.tile_dims) + (
+        [tile.shape[-1]] if tile.shape[-1] > 1 else []
+    )
+    proto.tile_assignment_devices = [mesh.device_ids[p] for p in tile.reshape(-1).tolist()]
+    proto.replicate_on_last_tile_dim = tile.shape[-1] > 1
+    assert text == str(xc.HloSharding.from_proto(proto))
+    # and the list is where jax puts each block: device id -> its block, both ways
+    shape = tuple(t * 2 for t in spec.tile_dims)
+    assert spec.device_indices(shape) == {
+        d.id: index for d, index in jax_sharding(mesh, spec).devices_indices_map(shape).items()
+    }
+
+
+def test_explicit_device_lists_of_the_special_kinds():
+    mesh = Mesh([6, 2, 5, 0], (2, 2), ("a", "b"))
+    assert ShardingSpec(mesh, ("b", "a")).to_hlo_text(devices="ids") == "{devices=[2,2]6,5,2,0}"
+    assert ShardingSpec.maximal(mesh, 5).to_hlo_text(devices="ids") == "{maximal device=5}"
+    assert ShardingSpec.manual(mesh).to_hlo_text(devices="ids") == "{manual}"
+    with pytest.raises(ShardingError, match="'positions' or 'ids'"):
+        ShardingSpec(mesh, ("a", None)).to_hlo_text(devices="iota")
+
+
 def test_special_kinds_print_as_xla_prints_them():
     from jax._src.lib import xla_client as xc
 

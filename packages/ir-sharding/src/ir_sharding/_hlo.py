@@ -39,6 +39,29 @@ def canonical_iota(dims: list[int], perm: list[int]) -> tuple[list[int], list[in
             return dims, perm
 
 
+def explicit_text(spec: ShardingSpec) -> str:
+    """The HLO sharding text with the tile assignment as an explicit list of global device ids,
+    as XLA prints a sharding built from such a list (torch_xla 2.9's
+    ``_get_xla_sharding_spec``): ``{devices=[1,8]0,1,2,3,4,5,6,7}``."""
+    kind = spec.kind
+    if kind is ShardingKind.REPLICATED:
+        return "{replicated}"
+    if kind is ShardingKind.MANUAL:
+        return "{manual}"
+    if kind is ShardingKind.MAXIMAL:
+        return f"{{maximal device={spec.device_id}}}"
+    ids = spec.mesh.device_ids
+    dims = list(spec.tile_dims)
+    group = spec._tile.shape[-1]
+    if group > 1:
+        dims.append(group)
+    # (the devices of each replication group in ascending order, as XLA's PartialTile puts them)
+    groups = [sorted(ids[p] for p in g) for g in spec._tile.reshape(-1, group).tolist()]
+    devices = ",".join(str(d) for g in groups for d in g)
+    text = f"{{devices=[{','.join(map(str, dims))}]{devices}"
+    return text + (" last_tile_dim_replicate}" if group > 1 else "}")
+
+
 def hlo_text(spec: ShardingSpec) -> str:
     kind = spec.kind
     if kind is ShardingKind.REPLICATED:

@@ -389,10 +389,21 @@ class ShardingSpec(_ByBytes):
 
     # -- conversions ------------------------------------------------------------------------
 
-    def to_hlo_text(self) -> str:
-        """The HLO sharding as XLA prints it (``{devices=[4,1,2]<=[8] last_tile_dim_replicate}``),
-        devices given as positions in the mesh's device list, as in the executable's device
-        assignment."""
+    def to_hlo_text(self, devices: str = "positions") -> str:
+        """The HLO sharding as XLA prints it.
+
+        ``devices="positions"`` (the default): XLA's iota form
+        (``{devices=[4,1,2]<=[8] last_tile_dim_replicate}``), devices given as positions in
+        the mesh's device list, as in the executable's device assignment. ``devices="ids"``:
+        the tile assignment as an explicit list of global device ids, as XLA prints a sharding
+        built from one and torch_xla 2.9 reports a tensor's (``{devices=[1,8]7,6,5,4,3,2,1,0}``;
+        a maximal spec names its device id)."""
+        if devices == "ids":
+            from ir_sharding._hlo import explicit_text
+
+            return explicit_text(self)
+        if devices != "positions":
+            raise ShardingError(f"devices must be 'positions' or 'ids', got {devices!r}")
         if self._hlo is None:
             from ir_sharding._hlo import hlo_text
 
