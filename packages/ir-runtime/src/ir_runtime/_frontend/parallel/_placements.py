@@ -37,7 +37,7 @@ from torch.distributed.tensor.placement_types import Placement
 
 from ir_core import DeviceData, Generic, Value
 from ir_runtime._bounded import Bounded
-from ir_runtime._frontend.parallel._mesh import LazyDeviceMesh, as_lazy_mesh, mesh_of
+from ir_runtime._frontend.parallel._mesh import LazyDeviceMesh, mesh_of
 from ir_runtime._frontend.recording import _fast
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
 from ir_sharding import ShardingError, ShardingKind, ShardingSpec
@@ -106,12 +106,17 @@ def check_placements(mesh: LazyDeviceMesh, placements, ndim: int, what: str) -> 
     return tuple(out)
 
 
+def _covered(mesh: LazyDeviceMesh) -> set:
+    """The root axes ``mesh``'s dims cover."""
+    return {a for axes in mesh._axes for a in axes}
+
+
 def spec_for(mesh: LazyDeviceMesh, placements: tuple, shape, base=None, what="") -> ShardingSpec:
     """The spec over ``mesh``'s root that places a tensor of ``shape`` as ``placements`` on
     ``mesh``: the root axes ``mesh`` covers as the placements say; the others as in ``base``
     (a spec already on the tensor), else replicated. Checked to divide ``shape`` evenly."""
     root = mesh._ir_mesh
-    mine = {a for axes in mesh._axes for a in axes}
+    mine = _covered(mesh)
     if base is not None and base.mesh == root and base.partition_spec is not None:
         entries = [[a for a in axes if a not in mine] for axes in _entries(base, len(shape))]
     else:
@@ -126,7 +131,7 @@ def spec_for(mesh: LazyDeviceMesh, placements: tuple, shape, base=None, what="")
 
 def within(spec: ShardingSpec, mesh: LazyDeviceMesh) -> bool:
     """Whether ``spec`` splits over ``mesh``'s axes alone."""
-    mine = {a for axes in mesh._axes for a in axes}
+    mine = _covered(mesh)
     return all(set(axes) <= mine for axes in _entries(spec, spec.rank or 0))
 
 
@@ -141,7 +146,7 @@ def activation_spec(mesh: LazyDeviceMesh, placements: tuple, shape, what="") -> 
     split dim 0 when the placement leaves it whole and it divides; if other axes remain, the
     dims the placement does not split are left to XLA (open)."""
     spec = spec_for(mesh, placements, shape, what=what)
-    mine = {a for axes in mesh._axes for a in axes}
+    mine = _covered(mesh)
     others = [a for a in mesh._ir_mesh.axis_names if a not in mine]
     if not others:
         return spec, ()
@@ -363,14 +368,3 @@ def constrain(
         out = annotated(t, spec, opened)
     _record(out, mesh, placements, out._ir.node.sharding)
     return out
-
-
-def cast_placements(placements):
-    """A single placement (a style's layout) as a tuple of one."""
-    if placements is None or isinstance(placements, Placement):
-        return (placements,)
-    return tuple(placements)
-
-
-def as_mesh(mesh, what):
-    return as_lazy_mesh(mesh, what)

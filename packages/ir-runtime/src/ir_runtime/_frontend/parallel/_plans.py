@@ -399,7 +399,7 @@ def apply_tp_plan(model: nn.Module, mesh: LazyDeviceMesh, plan: dict | None = No
 
 # -- FSDP2 ------------------------------------------------------------------------------------
 
-_SHARDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its FSDP unit
+_SHARDED: weakref.WeakSet = weakref.WeakSet()  # modules fully_shard took
 _MANAGED = WeakIdKeyDictionary()  # parameters a fully_shard call took (by identity)
 
 
@@ -421,8 +421,8 @@ class _Cast(torch.autograd.Function):
 
 
 class _Unit:
-    """One ``fully_shard`` call: its mesh, its parameters (``(module, name, parameter)`` where
-    each is held), its mixed precision.
+    """One ``fully_shard`` call's mixed precision: its parameters (``(module, name,
+    parameter)`` where each is held) and its policy.
 
     With a ``param_dtype``, the unit's forward sees each parameter cast (``_Cast``): the
     unit's pre-forward hook puts the casts in the holders' ``_parameters`` and its post-forward
@@ -430,11 +430,9 @@ class _Unit:
     outside the unit's (activation checkpointing's recompute, in the backward), casts its own
     parameters the same way, so a recompute computes what the forward did."""
 
-    def __init__(self, mesh, params, mp_policy, reshard_after_forward):
-        self.mesh = mesh
+    def __init__(self, params, mp_policy):
         self.params = params
         self.mp = mp_policy
-        self.reshard_after_forward = reshard_after_forward
         self.active: list = []  # the casts installed by the unit's forward, running
         self.by_owner: dict = {}  # id(holder) -> the casts its own forward installed
 
@@ -612,10 +610,10 @@ def fully_shard(
         managed.extend((o, n, p) for o, n in where)
     for _, _, p in managed:
         _MANAGED[p] = True
-    unit = _Unit(mesh, managed, mp_policy, reshard_after_forward)
+    unit = _Unit(managed, mp_policy)
     P.DATA_AXES.update((mesh._ir_mesh, a) for axes in mesh._axes for a in axes)
     for m in modules:
-        _SHARDED[m] = unit
+        _SHARDED.add(m)
         if mp_policy.param_dtype is not None or mp_policy.output_dtype is not None:
             m.register_forward_pre_hook(unit.pre_forward, with_kwargs=True)
             m.register_forward_hook(unit.post_forward, always_call=True)
