@@ -14,7 +14,11 @@ import torch
 from ir_core import Shape
 from ir_runtime._errors import DTypeError, UnsupportedOpError
 
+# The device the engine's tensors report: "lazy", or "xla" once ``ir_runtime.torch_xla.install()``
+# names it so (``_install.name_device``). One engine under either name; a process uses one.
 DEVICE = torch.device("lazy", 0)
+# The dispatch key of each name: torch's factories (``torch.zeros(3, device=...)``) reach it.
+DISPATCH_KEYS = {"lazy": "Lazy", "xla": "XLA"}
 
 TORCH_TO_IR = {
     torch.bool: "bool",

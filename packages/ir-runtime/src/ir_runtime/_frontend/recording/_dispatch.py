@@ -23,8 +23,7 @@ import ir_sharding
 from ir_runtime import _metrics
 from ir_runtime._bounded import Bounded
 from ir_runtime._errors import DeviceMismatchError, UnsupportedOpError
-from ir_runtime._frontend.recording import _device_orders, _fast
-from ir_runtime._frontend.recording._convert import DEVICE
+from ir_runtime._frontend.recording import _convert, _device_orders, _fast
 from ir_runtime._frontend.recording._meta import MEMO, infer
 from ir_runtime._frontend.recording._record import (
     LEAVES,
@@ -386,10 +385,10 @@ def _host_tensor_with_gradient(x) -> DeviceMismatchError:
     at = f" at {origin}" if origin is not None else ""
     return DeviceMismatchError(
         f"Expected all tensors to be on the same device, but found at least two devices, "
-        f"{DEVICE} and {x.device}: an op on the lazy device{at} takes {what}. A host tensor "
-        f"can be a lazy op's input only as a constant: this one's gradient would be a lazy "
-        f"tensor, which it cannot hold (nor its optimizer apply). Move the model to the lazy "
-        f"device before building its optimizer: model = irt.to_lazy(model), then "
+        f"{_convert.DEVICE} and {x.device}: an op on the lazy device{at} takes {what}. A "
+        f"host tensor can be a lazy op's input only as a constant: this one's gradient would "
+        f"be a lazy tensor, which it cannot hold (nor its optimizer apply). Move the model to "
+        f"the lazy device before building its optimizer: model = irt.to_lazy(model), then "
         f"torch.optim.SGD(model.parameters(), ...); pass a constant .detach()ed"
     )
 

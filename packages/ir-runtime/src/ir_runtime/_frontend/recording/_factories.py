@@ -1,4 +1,4 @@
-"""Kernels for torch's Lazy dispatch key: tensors created directly on the lazy device
+"""Kernels for torch's Lazy dispatch key (XLA's, once the device is named "xla"): tensors created directly on the lazy device
 (``torch.zeros(3, device="lazy")``, ``torch.tensor(..., device="lazy")``) come here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from ir_core import Generic, Shape, Value
-from ir_runtime._frontend.recording import _fast
+from ir_runtime._frontend.recording import _convert, _fast
 from ir_runtime._frontend.recording._convert import ir_dtype
 from ir_runtime._frontend.recording._record import record
 from ir_runtime._frontend.recording._rng import random
@@ -58,10 +58,10 @@ _LIBRARY: list = []  # the Library registering the kernels, kept alive once inst
 
 
 def install() -> None:
-    """Register the Lazy-key kernels with torch's dispatcher."""
+    """Register the kernels with torch's dispatcher, at the device's key."""
     if _LIBRARY:
         return
-    lib = torch.library.Library("aten", "IMPL", "Lazy")
+    lib = torch.library.Library("aten", "IMPL", _convert.DISPATCH_KEYS[_convert.DEVICE.type])
     _LIBRARY.append(lib)
     lib.impl("empty.memory_format", _empty)
     with warnings.catch_warnings():  # torch has a generic Lazy kernel for it: ours replaces it

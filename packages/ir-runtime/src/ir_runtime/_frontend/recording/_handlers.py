@@ -10,8 +10,8 @@ import torch
 from ir_core import DeviceData
 from ir_runtime import _metrics
 from ir_runtime._data import put
-from ir_runtime._frontend.recording import _fast
-from ir_runtime._frontend.recording._convert import DEVICE, host_numpy, shape_of
+from ir_runtime._frontend.recording import _convert, _fast
+from ir_runtime._frontend.recording._convert import host_numpy, shape_of
 from ir_runtime._frontend.recording._device_orders import differ
 from ir_runtime._frontend.recording._dispatch import special
 from ir_runtime._frontend.recording._record import record
@@ -27,7 +27,7 @@ aten = torch.ops.aten
 def _to_copy(func, args, kwargs):
     device = kwargs.get("device")
     x = args[0]
-    if device is not None and torch.device(device).type != DEVICE.type:
+    if device is not None and torch.device(device).type != _convert.DEVICE.type:
         host = to_torch(x)
         rest = {k: v for k, v in kwargs.items() if k in ("dtype", "memory_format")}
         return host.to(device=device, **rest) if rest else host.to(device)

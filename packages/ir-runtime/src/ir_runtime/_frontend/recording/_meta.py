@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ir_runtime._bounded import Bounded
-from ir_runtime._frontend.recording._convert import DEVICE, shape_of
+from ir_runtime._frontend.recording import _convert
+from ir_runtime._frontend.recording._convert import shape_of
 
 # memo key (op, input shapes and dtypes, attributes) -> output layout; read from C by _fast.
 MEMO = Bounded(1 << 16)
@@ -194,7 +195,13 @@ def infer(func, key, args, kwargs):
         # The output's dims and torch dtype ride along: tracing's fast path builds the wrapper
         # from them directly (the keyword arguments of _make_wrapper_subclass, made once).
         dims = tuple(out.shape)
-        result = ("one", (shape_of(out),), dims, out.dtype, {"dtype": out.dtype, "device": DEVICE})
+        result = (
+            "one",
+            (shape_of(out),),
+            dims,
+            out.dtype,
+            {"dtype": out.dtype, "device": _convert.DEVICE},
+        )
     elif isinstance(out, (tuple, list)):
         layout = tuple(isinstance(o, torch.Tensor) for o in out)
         result = ("many", tuple(shape_of(o) for o in out if isinstance(o, torch.Tensor)), layout)

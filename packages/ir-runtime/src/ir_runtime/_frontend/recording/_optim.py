@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-from ir_runtime._frontend.recording._convert import DEVICE
+from ir_runtime._frontend.recording import _convert
 from ir_runtime._frontend.recording._tensor import LazyTensor
 
 _MODULES = (
@@ -43,7 +43,7 @@ def install() -> None:
         return
 
     def supported(supports_xla: bool = True) -> list[str]:
-        return [*base(supports_xla), DEVICE.type]
+        return [*base(supports_xla), _convert.DEVICE.type]
 
     supported._lazy_device = True
     from ir_runtime._frontend.steps._lend import get_value

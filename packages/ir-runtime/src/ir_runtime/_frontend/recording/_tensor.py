@@ -24,8 +24,8 @@ import torch
 
 from ir_core import DeviceData, Value
 from ir_runtime._errors import UnsupportedOpError
-from ir_runtime._frontend.recording import _fast
-from ir_runtime._frontend.recording._convert import DEVICE, IR_TO_TORCH, host_numpy, shape_of
+from ir_runtime._frontend.recording import _convert, _fast
+from ir_runtime._frontend.recording._convert import IR_TO_TORCH, host_numpy, shape_of
 from ir_runtime._graph import REPLICATED
 from ir_runtime._placement import note_order
 
@@ -60,9 +60,11 @@ class LazyTensor(torch.Tensor):
     def __new__(cls, value: Value, requires_grad: bool = False):
         s = value.shape
         if requires_grad:
-            t = _make(cls, s.dims, dtype=IR_TO_TORCH[s.dtype], device=DEVICE, requires_grad=True)
+            t = _make(
+                cls, s.dims, dtype=IR_TO_TORCH[s.dtype], device=_convert.DEVICE, requires_grad=True
+            )
         else:  # tracing's case: one keyword fewer to parse
-            t = _make(cls, s.dims, dtype=IR_TO_TORCH[s.dtype], device=DEVICE)
+            t = _make(cls, s.dims, dtype=IR_TO_TORCH[s.dtype], device=_convert.DEVICE)
         t._ir = value
         if type(value.node) is DeviceData:
             t._placed = value.node.sharding
@@ -94,7 +96,7 @@ class LazyTensor(torch.Tensor):
             self._spec = None
 
     def __repr__(self, *, tensor_contents=None):
-        return f"{self.detach().cpu()!r} (on {DEVICE})"
+        return f"{self.detach().cpu()!r} (on {_convert.DEVICE})"
 
     def __reduce_ex__(self, protocol):
         return self.detach().cpu().__reduce_ex__(protocol)
@@ -122,8 +124,9 @@ class LazyTensor(torch.Tensor):
 
     def share_memory_(self):
         raise RuntimeError(
-            f"a tensor on the {DEVICE} device has no host memory to share: share_memory_() "
-            f"(and Module.share_memory()) apply to CPU tensors; move it with .cpu() first"
+            f"a tensor on the {_convert.DEVICE} device has no host memory to share: "
+            f"share_memory_() (and Module.share_memory()) apply to CPU tensors; move it with "
+            f".cpu() first"
         )
 
     def tolist(self):
@@ -137,8 +140,8 @@ class LazyTensor(torch.Tensor):
         if force:
             return self.detach().cpu().numpy()
         raise TypeError(
-            f"can't convert {DEVICE} device type tensor to numpy. Use Tensor.cpu() to copy the "
-            f"tensor to host memory first (or numpy(force=True))."
+            f"can't convert {_convert.DEVICE} device type tensor to numpy. Use Tensor.cpu() to "
+            f"copy the tensor to host memory first (or numpy(force=True))."
         )
 
     # -- the only writers of _ir, _spec, _placed and _held -----------------------------------
@@ -212,7 +215,7 @@ class LazyStorage:
     tensor), so slices of one tensor are told apart and a tensor is told from its aliases."""
 
     __slots__ = ("_root", "offset")
-    device = torch.device(DEVICE)
+    device = torch.device(_convert.DEVICE)
 
     def __init__(self, t: LazyTensor):
         chain, asked = [], t

@@ -31,8 +31,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from ir_runtime._errors import DTypeError
-from ir_runtime._frontend.recording import _dispatch
-from ir_runtime._frontend.recording._convert import DEVICE
+from ir_runtime._frontend.recording import _convert, _dispatch
 from ir_runtime._frontend.recording._tensor import LazyTensor
 
 _TORCH_AUTOCAST = torch.amp.autocast_mode.autocast
@@ -130,7 +129,7 @@ class autocast(_TORCH_AUTOCAST):
     inside. Other device types are torch's own."""
 
     def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-        self._lazy = device_type == DEVICE.type
+        self._lazy = device_type == _convert.DEVICE.type
         if self._lazy:
             dtype = torch.bfloat16 if dtype is None else dtype
             if enabled and dtype not in _DTYPES:
@@ -172,7 +171,7 @@ class autocast(_TORCH_AUTOCAST):
 
         def wrapped(*args, **kwargs):
             with autocast(
-                DEVICE.type, dtype=self._dtype_lazy, enabled=self._dtype_lazy is not None
+                _convert.DEVICE.type, dtype=self._dtype_lazy, enabled=self._dtype_lazy is not None
             ):
                 return func(*args, **kwargs)
 

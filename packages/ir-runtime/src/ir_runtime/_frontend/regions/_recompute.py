@@ -37,8 +37,7 @@ import torch.utils.checkpoint as _torch_checkpoint
 
 from ir_core import Generic, Value
 from ir_runtime._errors import RecomputeError
-from ir_runtime._frontend.recording import _rng
-from ir_runtime._frontend.recording._convert import DEVICE
+from ir_runtime._frontend.recording import _convert, _rng
 from ir_runtime._frontend.recording._fast import live_references
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
 from ir_runtime._frontend.regions import _autocast
@@ -127,7 +126,7 @@ class _Recompute:
         self.grads = ()  # (held no longer than needed: torch may keep this object for a while)
         args, kwargs, key = _through_barrier(args, kwargs, after)
         dtype = self.autocast
-        cast = _autocast.autocast(DEVICE.type, dtype=dtype, enabled=dtype is not None)
+        cast = _autocast.autocast(_convert.DEVICE.type, dtype=dtype, enabled=dtype is not None)
         with _step.watch() as seen, _rng.keyed(key), cast:
             out = self.fn(*args, **kwargs)
         _refuse_reads(self.fn, seen)
@@ -230,8 +229,8 @@ def _set_rng_state(state, device=None) -> None:
     _rng.restore(*(int(v) for v in state.tolist()))
 
 
-def _device_module() -> types.ModuleType:
-    m = types.ModuleType("torch.lazy", "The lazy device, as torch's RNG helpers see it.")
+def _device_module(kind: str) -> types.ModuleType:
+    m = types.ModuleType(f"torch.{kind}", "The lazy device, as torch's RNG helpers see it.")
     m._initialized = True
     m.is_available = lambda: True
     m.device_count = lambda: 1
@@ -243,11 +242,13 @@ def _device_module() -> types.ModuleType:
 
 
 def install() -> None:
-    """Register ``torch.lazy`` and route torch's checkpoint through the wrappers above."""
-    if getattr(torch, "lazy", None) is None:
-        torch._register_device_module("lazy", _device_module())
+    """Register ``torch.lazy`` (``torch.xla`` under that name) and route torch's checkpoint
+    through the wrappers above."""
+    kind = _convert.DEVICE.type
+    if getattr(torch, kind, None) is None:
+        torch._register_device_module(kind, _device_module(kind))
     _torch_checkpoint.CheckpointFunction = CheckpointFunction
     _torch_checkpoint._checkpoint_without_reentrant_generator = (
         _checkpoint_without_reentrant_generator
     )
-    sys.modules.setdefault("torch.lazy", torch.lazy)
+    sys.modules.setdefault(f"torch.{kind}", getattr(torch, kind))

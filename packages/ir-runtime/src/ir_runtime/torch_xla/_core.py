@@ -1,0 +1,102 @@
+"""What the served torch_xla modules share: the engine's devices, steps and their closures,
+and the reading of a tensor's sharding the way torch_xla reports it."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import ir_runtime as irt
+from ir_runtime._jaxapi import backends_are_initialized
+
+_PLATFORMS = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "CUDA", "tpu": "TPU"}
+
+
+def devices() -> list:
+    """The engine's devices, started on first use (``CPU_NUM_DEVICES`` or
+    ``IR_RUNTIME_CPU_DEVICES`` virtual CPU devices where the backend is the CPU)."""
+    if not backends_are_initialized():
+        return irt.init()
+    return irt.devices()
+
+
+def device_type() -> str:
+    """torch_xla's name for the platform: ``"CPU"``, ``"CUDA"``, ``"TPU"``."""
+    platform = devices()[0].platform
+    return _PLATFORMS.get(platform, platform.upper())
+
+
+def local_devices() -> list:
+    import jax
+
+    devices()
+    return jax.local_devices()
+
+
+def is_spmd() -> bool:
+    return os.environ.get("XLA_USE_SPMD", "0").lower() in ("1", "true", "yes")
+
+
+# -- steps and their closures ----------------------------------------------------------------
+
+_CLOSURES = threading.local()
+
+
+def closures() -> list:
+    if not hasattr(_CLOSURES, "pending"):
+        _CLOSURES.pending = []
+    return _CLOSURES.pending
+
+
+def add_step_closure(closure, args=(), run_async=False) -> None:
+    closures().append((closure, tuple(args)))
+
+
+def sync(wait: bool = False) -> None:
+    """torch_xla's ``sync``/``mark_step``: run what the live tensors wait for, then the step's
+    closures (in the order they were added; their errors propagate, as torch_xla's do)."""
+    irt.mark_step()
+    if wait:
+        irt.wait_device_ops()
+    run_closures()
+
+
+def run_closures() -> None:
+    pending = closures()
+    while pending:
+        todo = list(pending)
+        pending.clear()
+        for closure, args in todo:
+            closure(*args)
+
+
+# -- shardings as torch_xla reports them -----------------------------------------------------
+
+
+def lazy(t):
+    """The engine's tensor behind ``t`` (an ``XLAShardedTensor``'s global tensor)."""
+    inner = getattr(t, "global_tensor", None)
+    return inner if inner is not None else t
+
+
+def spec_of(t):
+    """The ``ShardingSpec`` torch_xla would report for ``t``: its annotation, else where its
+    data is (None: no sharding)."""
+    t = lazy(t)
+    if not isinstance(t, irt.LazyTensor):
+        return None
+    return t._where()
+
+
+def sharding_text(t) -> str:
+    """``torch_xla._XLAC._get_xla_sharding_spec``: the HLO sharding with explicit device ids,
+    as torch_xla 2.9 prints it; ``""`` for a tensor without one."""
+    spec = spec_of(t)
+    if spec is None:
+        # Data on the SPMD device without a sharding is replicated on every device.
+        from ir_core import DeviceData
+
+        t = lazy(t)
+        held = isinstance(t, irt.LazyTensor) and type(t._ir.node) is DeviceData
+        return "{replicated}" if held and is_spmd() else ""
+    return spec.to_hlo_text(devices="ids")

@@ -1,0 +1,325 @@
+"""``torch_xla._XLAC``: the private calls torch_xla scripts and tests make most, answered by
+the engine. Shardings print as torch_xla 2.9 prints them (explicit device lists); HLO text is
+the engine's program for the tensors, before partitioning, with the same sharding form."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+
+import ir_runtime as _irt
+from ir_runtime.torch_xla import _core
+from ir_sharding import Mesh as _IrMesh
+from ir_sharding import ShardingKind as _Kind
+from ir_sharding import ShardingSpec as _IrSpec
+
+# ShardingKind -> torch_xla's ShardingType value
+_TYPES = {"REPLICATED": 0, "MAXIMAL": 1, "TILED": 3, "MANUAL": 4, "PARTIAL": 5}
+
+
+class OpSharding:
+    """An XLA sharding: built from torch_xla's arguments (``tile_assignment``,
+    ``group_assignment``, ``replication_groups``, ``sharding_type``), or by ``Mesh``."""
+
+    def __init__(self, tile_assignment, group_assignment, replication_groups, sharding_type):
+        self.spec = _from_tiles(tile_assignment, group_assignment, replication_groups,
+                                int(sharding_type))
+
+    @classmethod
+    def _of(cls, spec: _IrSpec) -> OpSharding:
+        o = cls.__new__(cls)
+        o.spec = spec
+        return o
+
+    def __repr__(self):
+        return self.spec.to_hlo_text(devices="ids")
+
+
+def _from_tiles(tiles, groups, replication_groups, kind: int) -> _IrSpec:
+    n = len(_core.devices())
+    everyone = _IrMesh(list(range(n)), (n,), ("all",))
+    if kind == 0 or (kind == 1 and n == 1) or not tiles:
+        return _IrSpec.replicated(everyone)
+    if kind == 4:
+        return _IrSpec.manual(everyone)
+    tiles = np.asarray(tiles)
+    if kind == 1:
+        return _IrSpec.maximal(everyone, int(tiles.flatten()[0]))
+    if kind == 3:  # one mesh axis per tensor dim
+        names = tuple(f"d{k}" for k in range(tiles.ndim))
+        mesh = _IrMesh(tiles.flatten().tolist(), tiles.shape, names)
+        return _IrSpec(mesh, tuple(None if s == 1 else names[k] for k, s in enumerate(tiles.shape)))
+    if kind == 5:  # leading tile axes shard the dims split in groups; the rest replicate
+        shape = np.asarray(groups).shape
+        names = tuple(f"d{k}" for k in range(tiles.ndim))
+        mesh = _IrMesh(tiles.flatten().tolist(), tiles.shape, names)
+        entries, axis = [], 0
+        for size in shape:
+            if size == 1:
+                entries.append(None)
+                continue
+            while tiles.shape[axis] != size:
+                axis += 1
+            entries.append(names[axis])
+            axis += 1
+        return _IrSpec(mesh, tuple(entries))
+    raise NotImplementedError(f"OpSharding of sharding type {kind} is not supported here")
+
+
+# -- shardings of tensors ----------------------------------------------------------------
+
+
+def _get_xla_sharding_spec(t) -> str:
+    return _core.sharding_text(t)
+
+
+def _get_xla_sharding_specs(tensors) -> list[str]:
+    return [_core.sharding_text(t) for t in tensors]
+
+
+def _get_xla_sharding_type(t):
+    spec = _core.spec_of(t)
+    if spec is None:
+        return None
+    kind = spec.kind.name if isinstance(spec.kind, _Kind) else str(spec.kind)
+    return _TYPES.get(kind.upper(), 6)
+
+
+def _xla_mark_sharding(t, op_sharding: OpSharding) -> None:
+    from torch_xla.distributed.spmd.xla_sharding import _mark
+
+    _mark(_core.lazy(t), op_sharding.spec)
+
+
+def _xla_annotate_custom_sharding(t, op_sharding: OpSharding) -> None:
+    _xla_mark_sharding(t, op_sharding)
+
+
+def _xla_clear_sharding(t) -> None:
+    _irt.clear_sharding(_core.lazy(t))
+
+
+def _get_xla_tensor_debug_info(t) -> str:
+    """What torch_xla's debug string says of ``t``: its IR, its sharding, its data."""
+    t = _core.lazy(t)
+    lines = ["XLATensor {", f"TensorID: {id(t)}", f"Device: {t.device}", "XLA Shape: "
+             f"{_shape(t)}"]
+    spec = _core.spec_of(t)
+    lines.append(f"ShardingSpec: {spec.to_hlo_text(devices='ids') if spec else 'None'}")
+    node = t._ir.node
+    from ir_core import DeviceData
+
+    if type(node) is DeviceData:
+        lines.append("IR: None")
+        lines.append("XLAShardedData" if spec is not None else "XLAData:")
+        lines.append(f"  Data Device: SPMD:0" if spec is not None else f"  Data Device: {t.device}")
+        lines.append(f"  Data Shape: {_shape(t)}")
+        if spec is not None:
+            lines.append(f"  OpSharding: {spec.to_hlo_text(devices='ids')}")
+            lines.append(f"  NumShards: {len(spec.mesh.device_ids)}")
+    else:
+        lines.append(f"IR: {node.op}")
+        lines.append("XLAData: None")
+    lines.append("Tensor on host: None")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
+          "int64": "s64", "int32": "s32", "int16": "s16", "int8": "s8", "uint8": "u8",
+          "bool": "pred", "complex64": "c64", "complex128": "c128"}
+
+
+def _shape(t) -> str:
+    s = t._ir.shape
+    return f"{_SHORT.get(s.dtype, s.dtype)}[{','.join(str(d) for d in s.dims)}]"
+
+
+# -- graphs --------------------------------------------------------------------------------
+
+
+def _roots(tensors):
+    from ir_runtime._frontend.recording._tensor import as_value
+
+    return [as_value(_core.lazy(t)) for t in tensors]
+
+
+def _get_xla_tensors_text(tensors) -> str:
+    return _irt.dump([_core.lazy(t) for t in tensors], format="text")
+
+
+def _get_xla_tensors_hlo(tensors) -> str:
+    """The HLO text of the program computing ``tensors`` (before SPMD partitioning)."""
+    from jax._src.lib import _jax
+
+    from ir_runtime._lower import lower
+
+    text = lower(_roots(tensors))
+    computation = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False,
+                                                          return_tuple=False)
+    return explicit_devices(computation.as_hlo_text())
+
+
+_IOTA = re.compile(r"devices=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+
+
+def explicit_devices(hlo: str) -> str:
+    """HLO text with each iota tile assignment (``devices=[2,4]<=[4,2]T(1,0)``) written as
+    the explicit device list torch_xla prints (``devices=[2,4]0,2,4,6,1,3,5,7``)."""
+
+    def expand(m):
+        dims = [int(d) for d in m.group(1).split(",")]
+        reshape = [int(d) for d in m.group(2).split(",")]
+        ids = np.arange(int(np.prod(reshape))).reshape(reshape)
+        if m.group(3):
+            ids = ids.transpose([int(p) for p in m.group(3).split(",")])
+        return f"devices=[{','.join(map(str, dims))}]{','.join(map(str, ids.flatten()))}"
+
+    return _IOTA.sub(expand, hlo)
+
+
+def _get_graph_hash(tensors) -> bytes:
+    from ir_core import graph_hash
+
+    h = graph_hash(_roots(tensors))
+    return h if isinstance(h, bytes) else int(h).to_bytes(16, "little")
+
+
+def _xla_sync_multi(tensors, devices=None, wait: bool = True, sync_xla_data: bool = True):
+    from ir_runtime._frontend.steps._step import materialize
+
+    for t in tensors:
+        t = _core.lazy(t)
+        if isinstance(t, _irt.LazyTensor):
+            materialize(t)
+    if wait:
+        _irt.wait_device_ops()
+
+
+def _xla_step_marker(device="", devices=(), wait: bool = True, reset_scope: bool = True):
+    _core.sync(wait)
+
+
+# -- devices ---------------------------------------------------------------------------------
+
+
+def _xla_get_default_device() -> str:
+    return "xla:0"
+
+
+def _xla_get_default_device_ordinal() -> int:
+    return 0
+
+
+def _xla_set_default_device(device) -> None:
+    if str(device) not in ("xla", "xla:0"):
+        raise NotImplementedError(f"only xla:0 is a device here, not {device}")
+
+
+def _xla_num_devices() -> int:
+    import torch_xla.runtime as xr
+
+    return xr.addressable_device_count()
+
+
+def _xla_num_runtime_devices() -> int:
+    return len(_core.local_devices())
+
+
+def _xla_get_all_devices() -> list[str]:
+    import torch_xla.runtime as xr
+
+    return [f"xla:{k}" for k in range(xr.global_device_count())]
+
+
+def _xla_get_all_runtime_devices() -> list[str]:
+    kind = _core.device_type()
+    return [f"{kind}:{d.id}" for d in _core.devices()]
+
+
+def _xla_real_devices(devices=None) -> list[str]:
+    from torch_xla.core import xla_model
+
+    return xla_model.xla_real_devices(devices)
+
+
+def _xla_get_process_index() -> int:
+    return _irt.process_index()
+
+
+def _xla_get_num_processes() -> int:
+    return _irt.process_count()
+
+
+def _xla_get_spmd_config_is_locked() -> bool:
+    return False
+
+
+def _xla_get_auto_sharding() -> bool:
+    return False
+
+
+def _xla_computation_cache_is_initialized() -> bool:
+    from ir_runtime._jaxapi import backends_are_initialized
+
+    return backends_are_initialized()
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+def _global_tensor_from_cpu_shards(shards, op_sharding: OpSharding, global_shape=None):
+    """A device tensor of ``global_shape`` from one CPU tensor per local device (in device id
+    order), placed as ``op_sharding`` says."""
+    import jax
+
+    from ir_core import DeviceData, Shape, Value
+    from ir_runtime._frontend.recording._convert import host_numpy, ir_dtype
+    from ir_runtime._frontend.recording._tensor import wrap
+
+    spec = op_sharding.spec
+    if global_shape is None:
+        global_shape = tuple(shards[0].shape)
+    global_shape = tuple(global_shape)
+    sharding = spec.to_jax()
+    local = sorted(_core.local_devices(), key=lambda d: d.id)
+    if len(shards) != len(local):
+        raise ValueError(f"{len(shards)} shards for {len(local)} local devices: give one each")
+    index = sharding.addressable_devices_indices_map(global_shape)
+    arrays = []
+    for d, s in zip(local, shards):
+        want = tuple(len(range(*sl.indices(n))) for sl, n in zip(index[d], global_shape))
+        block = host_numpy(s)[tuple(slice(0, w) for w in want)]
+        arrays.append(jax.device_put(block, d))
+    array = jax.make_array_from_single_device_arrays(global_shape, sharding, arrays)
+    shape = Shape(ir_dtype(shards[0].dtype), global_shape)
+    t = wrap(Value(DeviceData(shape, handle=array, sharding=spec)))
+    t._annotate(spec)
+    return t
+
+
+def _spmd_full_to_shard_shape(t):
+    from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
+
+    _manual_unsupported("_XLAC._spmd_full_to_shard_shape")
+
+
+def _spmd_shard_to_full_shape(t, sharding, full_shape, dtype):
+    from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
+
+    _manual_unsupported("_XLAC._spmd_shard_to_full_shape")
+
+
+def _xla_spmd_all_reduce(*args, **kwargs):
+    from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
+
+    _manual_unsupported("_XLAC._xla_spmd_all_reduce")
+
+
+def _xla_spmd_reduce_scatter(*args, **kwargs):
+    from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
+
+    _manual_unsupported("_XLAC._xla_spmd_reduce_scatter")
+

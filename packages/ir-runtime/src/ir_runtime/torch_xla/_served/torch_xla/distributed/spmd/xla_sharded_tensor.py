@@ -1,0 +1,222 @@
+"""``XLAShardedTensor``: torch_xla's view of a sharded tensor, wrapping the engine's lazy
+tensor (``global_tensor``). Ops on it run on the global tensor and give ``XLAShardedTensor``s;
+``local_shards`` reads each local device's block of the computed value."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+from torch.utils._pytree import tree_map
+
+import torch_xla
+from ir_runtime.torch_xla import _core
+
+
+@dataclass
+class XLAShard:
+    """One device's block: ``data`` (a CPU tensor, padded as XLA pads uneven blocks),
+    ``indices`` (the slices of the global tensor it holds, or ``...`` for all of it),
+    ``shard_device`` (``"CPU:3"``) and ``replica_id``."""
+
+    data: torch.Tensor
+    indices: object
+    shard_device: str
+    replica_id: int
+
+    @property
+    def unpadded_data(self) -> torch.Tensor:
+        if self.indices is Ellipsis:
+            return self.data
+        return self.data[[slice(0, s.stop - s.start) for s in self.indices]]
+
+
+def local_shards(t) -> list[XLAShard]:
+    """The blocks of ``t``'s value on this process's devices, in device id order."""
+    import jax
+
+    from ir_runtime._data import fetch
+    from ir_runtime._frontend.recording._convert import host_tensor
+    from ir_runtime._frontend.steps._step import materialize
+
+    data = materialize(t)
+    handle = data.handle
+    if not isinstance(handle, jax.Array):
+        handle = jax.device_put(np.asarray(handle), _core.local_devices()[0])
+    shape = tuple(t.shape)
+    kind = _core.device_type()
+    out = []
+    for s in sorted(handle.addressable_shards, key=lambda s: s.device.id):
+        block = host_tensor(fetch(s.data), data.shape.dtype)
+        spans = [sl.indices(n) for sl, n in zip(s.index, shape)]
+        if all(a == 0 and b == n for (a, b, _), n in zip(spans, shape)):
+            indices = Ellipsis
+        else:
+            indices = [slice(a, b, 1) for a, b, _ in spans]
+        out.append(XLAShard(block, indices, f"{kind}:{s.device.id}", s.replica_id))
+    return out
+
+
+class XLAShardedTensor(DTensor):
+    """A wrapper of the engine's tensor with torch_xla's sharding view of it."""
+
+    __slots__ = ["global_tensor", "mesh_shape", "partition_spec", "_cached_spec"]
+
+    @staticmethod
+    def __new__(cls, elem, mesh_shape=None, partition_spec=None, *args, **kwargs):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.size(),
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            layout=elem.layout,
+            device=elem.device,
+            requires_grad=kwargs.get("requires_grad", False),
+        )
+        r.global_tensor = elem.detach() if r.requires_grad else elem
+        r.mesh_shape = mesh_shape or (
+            elem.mesh_shape if isinstance(elem, XLAShardedTensor) else None
+        )
+        r.partition_spec = partition_spec or (
+            elem.partition_spec if isinstance(elem, XLAShardedTensor) else None
+        )
+        r._cached_spec = None
+        return r
+
+    @property
+    def local_shards(self) -> list[XLAShard]:
+        return local_shards(self.global_tensor)
+
+    def load_local_shards_(self, shards) -> None:
+        """Replace the local blocks with ``shards``' data (the same devices and shapes)."""
+        import jax
+
+        from ir_runtime._frontend.recording._convert import host_numpy
+
+        inner = self.global_tensor
+        spec = _core.spec_of(inner)
+        by_name = {f"{_core.device_type()}:{d.id}": d for d in _core.devices()}
+        arrays = [jax.device_put(host_numpy(s.data), by_name[s.shard_device]) for s in shards]
+        sharding = spec.to_jax() if spec is not None else None
+        array = jax.make_array_from_single_device_arrays(tuple(inner.shape), sharding, arrays)
+        from ir_core import DeviceData
+
+        inner._bind(DeviceData(inner._ir.shape, handle=array, sharding=spec))
+        self._cached_spec = None
+
+    @property
+    def sharding_spec(self) -> str:
+        return torch_xla._XLAC._get_xla_sharding_spec(self.global_tensor)
+
+    @property
+    def sharding_type(self):
+        from torch_xla.distributed.spmd import ShardingType
+
+        return ShardingType(torch_xla._XLAC._get_xla_sharding_type(self.global_tensor))
+
+    def __repr__(self):
+        if not hasattr(self, "global_tensor"):
+            return str(self.cpu())
+        return f"XLAShardedTensor({self.global_tensor})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(elem):
+            return elem.global_tensor if isinstance(elem, XLAShardedTensor) else elem
+
+        def wrap(elem):
+            return XLAShardedTensor(elem) if isinstance(elem, torch.Tensor) else elem
+
+        return tree_map(wrap, func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {})))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super(DTensor, cls).__torch_function__(func, types, args, kwargs)
+
+    @property
+    def _spec(self):
+        """torch's ``DTensorSpec`` of this tensor, from ``mesh_shape`` and ``partition_spec``
+        (over a ``DeviceMesh("xla", ...)`` of every device)."""
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+        if self._cached_spec is not None:
+            return self._cached_spec
+        if self.mesh_shape is None:
+            raise ValueError(
+                "mesh_shape must be specified to create DTensorSpec: use "
+                "wrap_as_sharded_tensor() to set mesh_shape before accessing _spec"
+            )
+        if self.partition_spec is None:
+            raise ValueError(
+                "partition_spec must be specified to create DTensorSpec: use "
+                "wrap_as_sharded_tensor() to set partition_spec before accessing _spec"
+            )
+        import torch_xla.runtime as xr
+
+        n = xr.global_runtime_device_count()
+        mesh = DeviceMesh("xla", torch.arange(n).reshape(self.mesh_shape))
+        placements = []
+        for mesh_dim in range(len(self.mesh_shape)):
+            dims = [d for d, m in enumerate(self.partition_spec) if m == mesh_dim]
+            placements.append(Shard(dims[0]) if dims else Replicate())
+        g = self.global_tensor
+        meta = TensorMeta(shape=g.shape, stride=g.stride(), dtype=g.dtype)
+        self._cached_spec = DTensorSpec(mesh=mesh, placements=tuple(placements), tensor_meta=meta)
+        return self._cached_spec
+
+    @property
+    def placements(self):
+        try:
+            return self._spec.placements
+        except Exception:
+            raise ValueError(
+                "Placements not available: XLAShardedTensor requires mesh_shape and "
+                "partition_spec to be set. Use mark_sharding() to properly initialize "
+                "sharding information."
+            ) from None
+
+    def invalidate_spec_cache(self) -> None:
+        self._cached_spec = None
+
+    def redistribute(self, device_mesh, placements, *, async_op: bool = False):
+        if len(placements) != len(device_mesh.mesh_shape):
+            raise ValueError(
+                f"Number of placements ({len(placements)}) must match mesh dimensions "
+                f"({len(device_mesh.mesh_shape)})"
+            )
+        for p in placements:
+            if isinstance(p, Partial):
+                raise NotImplementedError(
+                    "Partial placement is not yet implemented and may have unexpected "
+                    "behavior. Use Shard or Replicate placements instead."
+                )
+        spec = [None] * len(self.global_tensor.shape)
+        for mesh_dim, p in enumerate(placements):
+            if isinstance(p, Shard):
+                if p.dim >= len(self.global_tensor.shape):
+                    raise IndexError(
+                        f"Shard dimension {p.dim} is out of bounds for tensor with "
+                        f"{len(self.global_tensor.shape)} dimensions"
+                    )
+                spec[p.dim] = mesh_dim
+        from torch_xla.distributed.spmd.xla_sharding import mark_sharding
+
+        result = self.global_tensor.clone() if async_op else self.global_tensor
+        mark_sharding(result, device_mesh, tuple(spec))
+        return XLAShardedTensor(result, mesh_shape=device_mesh.mesh_shape,
+                                partition_spec=tuple(spec))
+
+
+@contextlib.contextmanager
+def no_dispatch():
+    guard = torch._C._DisableTorchDispatch()
+    try:
+        yield
+    finally:
+        del guard

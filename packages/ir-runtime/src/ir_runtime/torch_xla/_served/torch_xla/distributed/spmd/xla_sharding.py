@@ -1,0 +1,380 @@
+"""``torch_xla.distributed.spmd.xla_sharding``: meshes and sharding annotations, onto the
+engine's (``ir_sharding.Mesh``, ``ir_runtime.mark_sharding``)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+import torch
+
+import ir_runtime as _irt
+import torch_xla
+import torch_xla.runtime as xr
+from ir_runtime.torch_xla import _core
+from ir_sharding import Mesh as _IrMesh
+from ir_sharding import ShardingSpec as _IrSpec
+
+from .xla_sharded_tensor import XLAShardedTensor
+
+
+class ShardingType(IntEnum):
+    REPLICATED = 0
+    MAXIMAL = 1
+    TUPLE = 2
+    TILED = 3
+    MANUAL = 4
+    PARTIAL = 5
+    UNKNOWN = 6
+
+
+class Mesh:
+    """torch_xla's logical device mesh: ``device_ids`` (global device ids) reshaped row-major
+    to ``mesh_shape``, with optional ``axis_names``. An engine mesh underneath (unnamed axes
+    are named ``"0"``, ``"1"``, ...)."""
+
+    def __init__(self, device_ids, mesh_shape, axis_names=None):
+        if not isinstance(device_ids, np.ndarray):
+            device_ids = np.array(device_ids)
+        num_devices = xr.global_runtime_device_count()
+        assert num_devices == len(device_ids), (
+            f"Number of device IDs ({len(device_ids)}) must match the global number of "
+            f"devices ({num_devices})"
+        )
+        if axis_names is not None:
+            assert len(mesh_shape) == len(axis_names), (
+                f"Number of axis names ({len(axis_names)}) must match mesh dimensions "
+                f"({len(mesh_shape)})"
+            )
+            assert len(set(axis_names)) == len(axis_names), (
+                f"Axis names must be unique, got: {axis_names}"
+            )
+        expected = int(np.prod(mesh_shape))
+        assert len(device_ids) == expected, (
+            f"Number of device IDs ({len(device_ids)}) must match mesh size ({expected})"
+        )
+        assert len(device_ids) == len(np.unique(device_ids)), (
+            f"Device IDs must be unique, got: {device_ids}"
+        )
+        self.device_ids = device_ids
+        self.mesh_shape = tuple(mesh_shape)
+        self.axis_names = None if axis_names is None else tuple(axis_names)
+        assert all(d < self.size() for d in device_ids), (
+            f"Device IDs must be less than mesh size ({self.size()}), got: {device_ids}"
+        )
+        names = self.axis_names or tuple(str(k) for k in range(len(self.mesh_shape)))
+        self._ir = _IrMesh([int(d) for d in device_ids], self.mesh_shape, names)
+
+    def size(self):
+        return int(np.prod(self.mesh_shape))
+
+    def shape(self):
+        if self.axis_names is None:
+            return OrderedDict(enumerate(self.mesh_shape))
+        return OrderedDict(zip(self.axis_names, self.mesh_shape))
+
+    def get_logical_mesh(self):
+        return self.device_ids.reshape(self.mesh_shape)
+
+    def get_axis_name_idx(self, name: str):
+        if self.axis_names is None or name not in self.axis_names:
+            return None
+        return self.axis_names.index(name)
+
+    def get_op_sharding(self, partition_spec):
+        """The ``OpSharding`` of ``partition_spec`` over this mesh."""
+        return torch_xla._XLAC.OpSharding._of(self._spec(partition_spec))
+
+    def _spec(self, partition_spec) -> _IrSpec:
+        partition_spec = _translate_named_partition_spec(self, tuple(partition_spec))
+        if len(partition_spec) == 0 or all(p is None for p in partition_spec):
+            return _IrSpec.replicated(self._ir)
+        return _IrSpec(self._ir, partition_spec)
+
+    def __str__(self):
+        return (
+            f"{{'device_ids': {self.device_ids.tolist()}, 'mesh_shape': {self.mesh_shape}, "
+            f"'axis_names': {self.axis_names}}}"
+        )
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, Mesh)
+            and self.mesh_shape == other.mesh_shape
+            and self.axis_names == other.axis_names
+            and np.array_equal(self.device_ids, other.device_ids)
+        )
+
+    def __hash__(self):
+        return hash((tuple(self.device_ids.tolist()), self.mesh_shape, self.axis_names))
+
+    @classmethod
+    def from_str(cls, mesh_str: str):
+        try:
+            d = ast.literal_eval(mesh_str.replace("Mesh", ""))
+            return cls(np.array(d["device_ids"]), d["mesh_shape"], d["axis_names"])
+        except (ValueError, SyntaxError, KeyError, TypeError):
+            return None
+
+    def get_jax_mesh(self):
+        import jax.sharding
+
+        names = self.axis_names or tuple(str(k) for k in range(len(self.mesh_shape)))
+        by_id = {d.id: d for d in _core.devices()}
+        devices = np.vectorize(by_id.get, otypes=[object])(self.get_logical_mesh())
+        return jax.sharding.Mesh(devices, names)
+
+
+class HybridMesh(Mesh):
+    """A mesh over ``dcn_mesh_shape`` slices of ``ici_mesh_shape`` devices each (one slice
+    here unless processes say otherwise): the devices in id order, slices outermost."""
+
+    def __init__(self, *, ici_mesh_shape, dcn_mesh_shape=None, axis_names=None):
+        if dcn_mesh_shape is None:
+            dcn_mesh_shape = tuple([1] * len(ici_mesh_shape))
+        assert len(ici_mesh_shape) == len(dcn_mesh_shape)
+        mesh_shape = tuple(i * d for i, d in zip(ici_mesh_shape, dcn_mesh_shape))
+        n = int(np.prod(mesh_shape))
+        ids = np.arange(n).reshape(tuple(dcn_mesh_shape) + tuple(ici_mesh_shape))
+        k = len(mesh_shape)
+        order = [a for pair in zip(range(k), range(k, 2 * k)) for a in pair]
+        ids = ids.transpose(order).reshape(mesh_shape)
+        super().__init__(ids.flatten(), mesh_shape, axis_names)
+
+
+_GLOBAL_MESH: list = [None]
+
+
+def set_global_mesh(mesh: Mesh) -> None:
+    _GLOBAL_MESH[0] = mesh
+
+
+def get_global_mesh() -> Mesh | None:
+    return _GLOBAL_MESH[0]
+
+
+def get_1d_mesh(axis_name: str | None = None) -> Mesh:
+    n = xr.global_runtime_device_count()
+    names = None if axis_name is None else (axis_name,)
+    return Mesh(np.arange(n), (n,), names)
+
+
+def _translate_named_partition_spec(mesh: Mesh, partition_spec):
+    out = []
+    for p in partition_spec:
+        if type(p) is tuple:
+            assert not any(type(x) is tuple for x in p), "Partition spec cannot contain nested tuples"
+            out.append(_translate_named_partition_spec(mesh, p))
+        elif p is None or isinstance(p, (int, np.integer)):
+            out.append(None if p is None else int(p))
+        elif type(p) is str:
+            idx = mesh.get_axis_name_idx(p)
+            if idx is None:
+                raise ValueError(f"Axis name {p} is not defined in the given mesh")
+            out.append(idx)
+        else:
+            raise ValueError(f"Spec type {type(p)} is not supported in partition spec")
+    return tuple(out)
+
+
+def _check_rank(t, partition_spec) -> None:
+    assert len(t.shape) == len(partition_spec), (
+        f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
+        f"({len(t.shape)})."
+    )
+
+
+def _lazy(t, what: str):
+    inner = unwrap_sharded_tensor(t)
+    if not isinstance(inner, _irt.LazyTensor):
+        raise ValueError(
+            f"{what} takes a tensor on the xla device, got one on {inner.device}: move it "
+            f"with .to('xla') first"
+        )
+    return inner
+
+
+def mark_sharding(t, mesh: Mesh, partition_spec) -> XLAShardedTensor:
+    """Annotate ``t`` (in place) with ``partition_spec`` over ``mesh``; returns an
+    ``XLAShardedTensor`` view of it."""
+    _check_rank(t, partition_spec)
+    inner = _lazy(t, "mark_sharding")
+    spec = mesh._spec(partition_spec)
+    _mark(inner, spec)
+    return wrap_as_sharded_tensor(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
+
+
+def _mark(inner, spec: _IrSpec) -> None:
+    from ir_runtime._frontend.recording._api import _relink_annotated, check_annotation
+    from ir_runtime._frontend.steps import _step
+
+    _step.no_region("calls mark_sharding")
+    if spec.partition_spec is not None:
+        spec.check_even(tuple(inner.shape), f"the tensor {tuple(inner.shape)}")
+    check_annotation(inner, spec)
+    _relink_annotated(inner, spec)
+    inner._annotate(spec)
+
+
+class MarkShardingFunction(torch.autograd.Function):
+    """``mark_sharding`` as an autograd function: the result and its gradient both carry the
+    annotation (``ir_runtime.mark_sharding_with_gradients``)."""
+
+    @staticmethod
+    def forward(ctx, torch_tensor, mesh, partition_spec):
+        ctx.mesh, ctx.partition_spec = mesh, partition_spec
+        out = torch_tensor.clone()
+        mark_sharding(out, mesh, partition_spec)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        out = grad_output.clone()
+        mark_sharding(out, ctx.mesh, ctx.partition_spec)
+        return out, None, None
+
+
+def mark_sharding_with_gradients(t, mesh: Mesh, partition_spec) -> torch.Tensor:
+    _check_rank(t, partition_spec)
+    inner = _lazy(t, "mark_sharding_with_gradients")
+    names = mesh._ir.axis_names
+    spec = tuple(
+        None if p is None else (tuple(names[a] for a in p) if isinstance(p, tuple) else names[p])
+        for p in _translate_named_partition_spec(mesh, partition_spec)
+    )
+    return _irt.mark_sharding_with_gradients(inner, mesh._ir, spec)
+
+
+def shard_as(a, b):
+    """``a`` and ``b`` (matching pytrees) sharded alike (``ir_runtime.shard_as``)."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    fa, sa = tree_flatten(a)
+    fb, sb = tree_flatten(b)
+    assert sa == sb, f"a and b must have the same structure. got {sa} and {sb}"
+    outa, outb = [], []
+    for x, y in zip(fa, fb):
+        if x is None or y is None:
+            assert x is None and y is None
+        else:
+            x, y = _irt.shard_as(unwrap_sharded_tensor(x), unwrap_sharded_tensor(y))
+        outa.append(x)
+        outb.append(y)
+    return tree_unflatten(outa, sa), tree_unflatten(outb, sb)
+
+
+def clear_sharding(t) -> torch.Tensor:
+    _irt.clear_sharding(_lazy(t, "clear_sharding"))
+    return unwrap_sharded_tensor(t)
+
+
+def wrap_as_sharded_tensor(t, mesh_shape=None, partition_spec=None) -> XLAShardedTensor:
+    if not isinstance(t, XLAShardedTensor):
+        return XLAShardedTensor(t, mesh_shape=mesh_shape, partition_spec=partition_spec)
+    if mesh_shape is not None:
+        t.mesh_shape = mesh_shape
+    if partition_spec is not None:
+        t.partition_spec = partition_spec
+    return t
+
+
+def unwrap_sharded_tensor(t):
+    return t.global_tensor if isinstance(t, XLAShardedTensor) else t
+
+
+def wrap_if_sharded(x):
+    if (
+        isinstance(x, torch.Tensor)
+        and not isinstance(x, XLAShardedTensor)
+        and x.device.type == "xla"
+        and torch_xla._XLAC._get_xla_sharding_type(x) is not None
+    ):
+        return XLAShardedTensor(x)
+    return x
+
+
+def _manual_unsupported(name: str):
+    raise NotImplementedError(
+        f"torch_xla.distributed.spmd.{name}: an eager manual region (tensors switched to "
+        f"per-device shards and back between ops) is not this engine's model; write the "
+        f"per-device part as a function and run it with ir_runtime.shard_map(fn, mesh, "
+        f"in_specs, out_specs), whose collectives are ir_runtime.all_reduce, all_gather, "
+        f"reduce_scatter, all_to_all and ppermute over mesh axes"
+    )
+
+
+def _mark_manual_sharding(t, user_partition_spec=None):
+    _manual_unsupported("_mark_manual_sharding")
+
+
+def enable_manual_sharding(t, partition_spec, *, mesh=None):
+    _manual_unsupported("enable_manual_sharding")
+
+
+def disable_manual_sharding(t, partition_spec, full_shape, *, mesh=None):
+    _manual_unsupported("disable_manual_sharding")
+
+
+def annotate_custom_sharding(t, mesh: Mesh, partition_spec):
+    """A sharding constraint on ``t``'s value as it is now (the engine's ``mark_sharding`` of
+    a pending tensor: its node is cloned with the sharding)."""
+    return mark_sharding(t, mesh, partition_spec)
+
+
+def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
+    """Nothing to do: the engine's recompute keeps its barrier itself."""
+
+
+@dataclass
+class ShardingSpec:
+    """A reusable sharding of tensors of one rank: ``apply(t)`` marks ``t``;
+    ``minibatch=True`` says each process feeds its part of the batch (dim 0)."""
+
+    mesh: Mesh
+    partition_spec: tuple
+    minibatch: bool | None = False
+    _spec: object = field(init=False, default=None, repr=False)
+
+    def __post_init__(self):
+        self.partition_spec = tuple(self.partition_spec)
+        self._spec = self.mesh._spec(self.partition_spec)
+
+    def xla_spec(self, t):
+        return self._spec if self.can_apply(t) else None
+
+    def can_apply(self, t) -> bool:
+        return len(t.shape) == len(self.partition_spec)
+
+    def apply(self, t) -> None:
+        mark_sharding(t, self.mesh, self.partition_spec)
+
+
+def xla_patched_nn_linear_forward(m, input):
+    return torch.nn.functional.linear(input, m.weight, m.bias)
+
+
+class XLAPatchedLinear(torch.autograd.Function):
+    """torch_xla's einsum-based linear (a workaround for its own lowering): here plain
+    ``F.linear``, whose backward the engine shards as the forward."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias=None):
+        ctx.save_for_backward(input, weight, bias)
+        return torch.nn.functional.linear(input, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight, bias = ctx.saved_tensors
+        grad_input = grad_output @ weight
+        grad_weight = torch.einsum("...n,...p->np", grad_output, input)
+        grad_bias = None if bias is None else grad_output.sum(dim=tuple(range(grad_output.dim() - 1)))
+        return grad_input, grad_weight, grad_bias
+
+
+@functools.lru_cache
+def _device_count() -> int:
+    return xr.global_runtime_device_count()
