@@ -109,6 +109,9 @@ def install(shadow: bool = False) -> None:
         del sys.modules[name]  # (a shadowed torch_xla's modules: ours are imported afresh)
     if os.environ.get(_CPU_DEVICES[1]) is None and os.environ.get(_CPU_DEVICES[0]):
         os.environ[_CPU_DEVICES[1]] = os.environ[_CPU_DEVICES[0]]
+    from ir_runtime.torch_xla import _guard
+
+    _guard.load()
     _xla_key_fallback()
     sys.meta_path.insert(0, _FINDER)
 
