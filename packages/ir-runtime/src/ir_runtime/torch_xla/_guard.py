@@ -49,10 +49,21 @@ def library() -> pathlib.Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         built = pathlib.Path(tmp) / out.name
         cmd = [
-            _compiler(), "-O2", "-shared", "-fPIC", "-std=c++17",
+            _compiler(),
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-std=c++17",
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            "-I", str(root / "include"), str(SOURCE), "-L", str(root / "lib"), "-lc10",
-            f"-Wl,-rpath,{root / 'lib'}", "-o", str(built),
+            "-I",
+            str(root / "include"),
+            str(SOURCE),
+            "-L",
+            str(root / "lib"),
+            "-lc10",
+            f"-Wl,-rpath,{root / 'lib'}",
+            "-o",
+            str(built),
         ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:

@@ -8,7 +8,6 @@ import re
 
 import numpy as np
 
-
 import ir_runtime as _irt
 from ir_runtime.torch_xla import _core
 from ir_sharding import Mesh as _IrMesh
@@ -24,8 +23,9 @@ class OpSharding:
     ``group_assignment``, ``replication_groups``, ``sharding_type``), or by ``Mesh``."""
 
     def __init__(self, tile_assignment, group_assignment, replication_groups, sharding_type):
-        self.spec = _from_tiles(tile_assignment, group_assignment, replication_groups,
-                                int(sharding_type))
+        self.spec = _from_tiles(
+            tile_assignment, group_assignment, replication_groups, int(sharding_type)
+        )
 
     @classmethod
     def _of(cls, spec: _IrSpec) -> OpSharding:
@@ -104,8 +104,7 @@ def _xla_clear_sharding(t) -> None:
 def _get_xla_tensor_debug_info(t) -> str:
     """What torch_xla's debug string says of ``t``: its IR, its sharding, its data."""
     t = _core.lazy(t)
-    lines = ["XLATensor {", f"TensorID: {id(t)}", f"Device: {t.device}", "XLA Shape: "
-             f"{_shape(t)}"]
+    lines = ["XLATensor {", f"TensorID: {id(t)}", f"Device: {t.device}", f"XLA Shape: {_shape(t)}"]
     spec = _core.spec_of(t)
     lines.append(f"ShardingSpec: {spec.to_hlo_text(devices='ids') if spec else 'None'}")
     node = t._ir.node
@@ -114,7 +113,7 @@ def _get_xla_tensor_debug_info(t) -> str:
     if type(node) is DeviceData:
         lines.append("IR: None")
         lines.append("XLAShardedData" if spec is not None else "XLAData:")
-        lines.append(f"  Data Device: SPMD:0" if spec is not None else f"  Data Device: {t.device}")
+        lines.append("  Data Device: SPMD:0" if spec is not None else f"  Data Device: {t.device}")
         lines.append(f"  Data Shape: {_shape(t)}")
         if spec is not None:
             lines.append(f"  OpSharding: {spec.to_hlo_text(devices='ids')}")
@@ -127,9 +126,20 @@ def _get_xla_tensor_debug_info(t) -> str:
     return "\n".join(lines) + "\n"
 
 
-_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
-          "int64": "s64", "int32": "s32", "int16": "s16", "int8": "s8", "uint8": "u8",
-          "bool": "pred", "complex64": "c64", "complex128": "c128"}
+_SHORT = {
+    "float32": "f32",
+    "float64": "f64",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int64": "s64",
+    "int32": "s32",
+    "int16": "s16",
+    "int8": "s8",
+    "uint8": "u8",
+    "bool": "pred",
+    "complex64": "c64",
+    "complex128": "c128",
+}
 
 
 def _shape(t) -> str:
@@ -157,8 +167,9 @@ def _get_xla_tensors_hlo(tensors) -> str:
     from ir_runtime._lower import lower
 
     text = lower(_roots(tensors))
-    computation = _jax.mlir.mlir_module_to_xla_computation(text, use_tuple_args=False,
-                                                          return_tuple=False)
+    computation = _jax.mlir.mlir_module_to_xla_computation(
+        text, use_tuple_args=False, return_tuple=False
+    )
     return explicit_devices(computation.as_hlo_text())
 
 
@@ -289,7 +300,7 @@ def _global_tensor_from_cpu_shards(shards, op_sharding: OpSharding, global_shape
         raise ValueError(f"{len(shards)} shards for {len(local)} local devices: give one each")
     index = sharding.addressable_devices_indices_map(global_shape)
     arrays = []
-    for d, s in zip(local, shards):
+    for d, s in zip(local, shards, strict=False):
         want = tuple(len(range(*sl.indices(n))) for sl, n in zip(index[d], global_shape))
         block = host_numpy(s)[tuple(slice(0, w) for w in want)]
         arrays.append(jax.device_put(block, d))
@@ -322,4 +333,3 @@ def _xla_spmd_reduce_scatter(*args, **kwargs):
     from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
 
     _manual_unsupported("_XLAC._xla_spmd_reduce_scatter")
-

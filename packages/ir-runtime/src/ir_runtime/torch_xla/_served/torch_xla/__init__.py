@@ -16,9 +16,8 @@ from ir_runtime.torch_xla import _core
 
 __version__ = "2.9.0+ir_runtime." + _irt.__version__
 
-from torch_xla import _XLAC  # noqa: E402
-from torch_xla import runtime  # noqa: E402,F401
-from torch_xla.core import xla_model as _xm  # noqa: E402
+from torch_xla import _XLAC, runtime  # noqa: F401  (torch_xla.runtime, torch_xla._XLAC)
+from torch_xla.core import xla_model as _xm
 
 
 def device(index: int | None = None) -> torch.device:
@@ -28,9 +27,7 @@ def device(index: int | None = None) -> torch.device:
     if _core.is_spmd() or index is None:
         return torch.device("xla", 0)
     if index >= len(_core.local_devices()):
-        raise IndexError(
-            f"Device index {index} out of range in {[str(d) for d in devices()]}"
-        )
+        raise IndexError(f"Device index {index} out of range in {[str(d) for d in devices()]}")
     if index != 0:
         raise NotImplementedError(
             f"torch_xla.device({index}): this engine runs one process's devices as one SPMD "
@@ -63,8 +60,12 @@ def step():
     return compile()
 
 
-def compile(f=None, full_graph: bool = False, name: str | None = None,
-            max_different_graphs: int | None = None):
+def compile(
+    f=None,
+    full_graph: bool = False,
+    name: str | None = None,
+    max_different_graphs: int | None = None,
+):
     """torch_xla's ``compile``: the pending work is synced first; ``f`` runs (its Python, every
     call) and the graph it recorded runs as one program at its end, compiled once per distinct
     graph (the engine's compile cache). ``full_graph=True``: a host read inside ``f`` (which
@@ -123,4 +124,3 @@ def launch(fn, args=(), start_method: str = "spawn", debug_single_process: bool 
     if os.environ.get("LOCAL_RANK") is not None:
         return fn(int(os.environ["LOCAL_RANK"]), *args)
     return fn(runtime.process_index(), *args)
-

@@ -100,7 +100,7 @@ def host_index() -> int:
 
 
 def runtime_device_attributes(device: str) -> dict:
-    kind, _, index = str(device).partition(":")
+    _kind, _, index = str(device).partition(":")
     d = _core.devices()[int(index or 0)]
     return {"name": str(d), "kind": d.device_kind, "id": d.id, "process_index": d.process_index}
 

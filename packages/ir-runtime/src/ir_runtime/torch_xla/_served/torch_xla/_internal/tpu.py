@@ -14,7 +14,7 @@ def version() -> int:
     """The TPU generation (4 for a v4); an error where there is no TPU, as torch_xla's is."""
     tpus = _tpu_devices()
     if not tpus:
-        raise EnvironmentError("no TPU here: torch_xla._internal.tpu.version() has none to read")
+        raise OSError("no TPU here: torch_xla._internal.tpu.version() has none to read")
     kind = tpus[0].device_kind.lower()
     digits = "".join(c for c in kind.split("v", 1)[-1] if c.isdigit())
     return int(digits or 0)

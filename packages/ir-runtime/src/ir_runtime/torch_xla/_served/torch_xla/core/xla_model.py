@@ -121,8 +121,9 @@ def _run_step_closures():
     _core.run_closures()
 
 
-def optimizer_step(optimizer, barrier: bool = False, optimizer_args=None, groups=None,
-                   pin_layout: bool = True):
+def optimizer_step(
+    optimizer, barrier: bool = False, optimizer_args=None, groups=None, pin_layout: bool = True
+):
     """``optimizer.step(**optimizer_args)``; with ``barrier``, then a step. Gradients need no
     reduction across replicas here: one SPMD program computes the global gradient."""
     loss = optimizer.step(**(optimizer_args or {}))
@@ -146,6 +147,7 @@ def get_stablehlo(tensors=None) -> str:
 def send_cpu_data_to_device(datas, device, input_sharding=None, transfer_async: bool = False):
     """CPU tensors in ``datas`` (a tensor or any nesting of lists, tuples and dicts) moved to
     the device, each placed as ``input_sharding`` (an ``xs.ShardingSpec``) says."""
+
     def move(x):
         if type(x) is torch.Tensor and x.device.type == "cpu":
             t = x.to(device)
@@ -219,8 +221,9 @@ def get_memory_info(device=None) -> MemoryInfo:
     stats = _core.local_devices()[0].memory_stats() or {}
     used = stats.get("bytes_in_use", 0)
     limit = stats.get("bytes_limit", 0)
-    return MemoryInfo(bytes_used=used, bytes_limit=limit, peak_bytes_used=stats.get(
-        "peak_bytes_in_use", used))
+    return MemoryInfo(
+        bytes_used=used, bytes_limit=limit, peak_bytes_used=stats.get("peak_bytes_in_use", used)
+    )
 
 
 def optimization_barrier_(tensors) -> None:
@@ -250,8 +253,7 @@ def _collective(name: str, groups, scale: float = 1.0):
 def all_reduce(reduce_type, inputs, scale: float = 1.0, groups=None, pin_layout: bool = True):
     """Over the one replica: each input (times ``scale``), as a list when given one."""
     _collective("all_reduce", groups)
-    if reduce_type not in (REDUCE_SUM, REDUCE_MUL, REDUCE_AND, REDUCE_OR, REDUCE_MIN,
-                           REDUCE_MAX):
+    if reduce_type not in (REDUCE_SUM, REDUCE_MUL, REDUCE_AND, REDUCE_OR, REDUCE_MIN, REDUCE_MAX):
         raise ValueError(f"xm.all_reduce: unknown reduce_type {reduce_type!r}")
     if isinstance(inputs, torch.Tensor):
         return inputs * scale if scale != 1.0 else inputs.clone()
@@ -269,8 +271,16 @@ def all_gather(value, dim: int = 0, groups=None, output=None, pin_layout: bool =
     return value.clone()
 
 
-def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=None,
-                   output=None, pin_layout: bool = True):
+def reduce_scatter(
+    reduce_type,
+    input,
+    scale,
+    scatter_dim,
+    shard_count,
+    groups=None,
+    output=None,
+    pin_layout: bool = True,
+):
     _collective("reduce_scatter", groups)
     if shard_count != 1:
         raise NotImplementedError(
@@ -284,8 +294,9 @@ def reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups=N
     return out
 
 
-def all_to_all(value, split_dimension, concat_dimension, split_count, groups=None,
-               pin_layout: bool = True):
+def all_to_all(
+    value, split_dimension, concat_dimension, split_count, groups=None, pin_layout: bool = True
+):
     _collective("all_to_all", groups)
     return value.clone()
 

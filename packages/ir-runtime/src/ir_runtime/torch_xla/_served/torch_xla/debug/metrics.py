@@ -20,8 +20,7 @@ COUNTERS = {
     "TransferFromDevice": "TransferToHost",
 }
 METRICS = {"ExecuteReplicatedTime": "ExecuteTime", "TransferFromDeviceTime": None}
-_TIMES = {"CompileTime", "ExecuteTime", "LowerTime", "TraceTime", "MarkStepTime",
-          "CacheLookupTime"}
+_TIMES = {"CompileTime", "ExecuteTime", "LowerTime", "TraceTime", "MarkStepTime", "CacheLookupTime"}
 
 
 def _counters() -> dict:

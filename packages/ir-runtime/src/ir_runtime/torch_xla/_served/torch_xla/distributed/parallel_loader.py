@@ -107,18 +107,34 @@ class MpDeviceLoader(PerDeviceLoader):
     ahead; the other keyword arguments of torch_xla's (thread counts, ``batchdim``) are
     taken and have nothing to set here."""
 
-    def __init__(self, loader, device, input_sharding=None, loader_prefetch_size: int = 8,
-                 device_prefetch_size: int = 4, **kwargs):
-        super().__init__(loader, device, input_sharding,
-                         prefetch=min(loader_prefetch_size, device_prefetch_size))
+    def __init__(
+        self,
+        loader,
+        device,
+        input_sharding=None,
+        loader_prefetch_size: int = 8,
+        device_prefetch_size: int = 4,
+        **kwargs,
+    ):
+        super().__init__(
+            loader, device, input_sharding, prefetch=min(loader_prefetch_size, device_prefetch_size)
+        )
 
 
 class ParallelLoader:
     """``ParallelLoader(loader, devices).per_device_loader(device)``."""
 
-    def __init__(self, loader, devices, batchdim: int = 0, batches_per_execution: int = 1,
-                 loader_prefetch_size: int = 8, device_prefetch_size: int = 4,
-                 input_sharding=None, **kwargs):
+    def __init__(
+        self,
+        loader,
+        devices,
+        batchdim: int = 0,
+        batches_per_execution: int = 1,
+        loader_prefetch_size: int = 8,
+        device_prefetch_size: int = 4,
+        input_sharding=None,
+        **kwargs,
+    ):
         self._loader = loader
         self._input_sharding = input_sharding
         self._prefetch = min(loader_prefetch_size, device_prefetch_size)

@@ -1,6 +1,13 @@
 """``torch_xla.distributed.spmd`` (``xs``): meshes, sharding annotations and the DTensor
 bridge, over the engine's GSPMD annotations."""
 
+from .api import (
+    auto_policy,
+    convert_to_xla_mesh,
+    convert_to_xla_partition_spec,
+    xla_distribute_module,
+    xla_distribute_tensor,
+)
 from .xla_sharded_tensor import XLAShard, XLAShardedTensor
 from .xla_sharding import (
     HybridMesh,
@@ -24,13 +31,6 @@ from .xla_sharding import (
     wrap_as_sharded_tensor,
     wrap_if_sharded,
     xla_patched_nn_linear_forward,
-)
-from .api import (
-    auto_policy,
-    convert_to_xla_mesh,
-    convert_to_xla_partition_spec,
-    xla_distribute_module,
-    xla_distribute_tensor,
 )
 
 __all__ = [

@@ -3,7 +3,6 @@ for a ``DeviceMesh("xla", ...)``."""
 
 from __future__ import annotations
 
-
 import torch.nn as nn
 from torch.distributed.tensor.placement_types import Replicate
 
@@ -66,8 +65,9 @@ def xla_distribute_tensor(tensor, device_mesh, placements=None) -> XLAShardedTen
     return mark_sharding(global_tensor, mesh, spec)
 
 
-def xla_distribute_module(module: nn.Module, device_mesh=None, partition_fn=None,
-                          input_fn=None, output_fn=None) -> nn.Module:
+def xla_distribute_module(
+    module: nn.Module, device_mesh=None, partition_fn=None, input_fn=None, output_fn=None
+) -> nn.Module:
     """Move ``module`` to the xla device; ``partition_fn(name, submodule, mesh)`` annotates its
     parameters (unannotated ones are left to XLA's propagation); ``input_fn`` /
     ``output_fn`` become forward pre-/post-hooks ``fn(inputs, mesh)`` /
@@ -93,5 +93,3 @@ def xla_distribute_module(module: nn.Module, device_mesh=None, partition_fn=None
     if output_fn is not None:
         module.register_forward_hook(lambda mod, inputs, outputs: output_fn(outputs, device_mesh))
     return module
-
-

@@ -26,15 +26,20 @@ def _tiles(sharding: str) -> tuple[int, int, dict]:
     if m.group(3):
         depth = dims[-1]
         for i in range(len(ids) // depth):
-            cells.setdefault((i // cols, i % cols), ids[i * depth:(i + 1) * depth])
+            cells.setdefault((i // cols, i % cols), ids[i * depth : (i + 1) * depth])
     else:
         for i, d in enumerate(ids):
             cells.setdefault((i // cols, i % cols), d)
     return rows, cols, cells
 
 
-def visualize_sharding(sharding: str, use_color: bool = True, scale: float = 1.0,
-                       min_width: int = 9, max_width: int = 80):
+def visualize_sharding(
+    sharding: str,
+    use_color: bool = True,
+    scale: float = 1.0,
+    min_width: int = 9,
+    max_width: int = 80,
+):
     """Print (and return) a ``rich`` table of ``sharding``'s tiles (an HLO sharding string
     such as ``torch_xla._XLAC._get_xla_sharding_spec`` gives)."""
     import rich.align
@@ -58,14 +63,16 @@ def visualize_sharding(sharding: str, use_color: bool = True, scale: float = 1.0
     )
     kind = xr.device_type()
     for i in range(rows):
-        table.add_row(*[
-            rich.padding.Padding(
-                rich.align.Align(f"{kind} {cells[i, j]}", "center", vertical="middle"),
-                (1, 1, 1, 1),
-                style=rich.style.Style(bgcolor=None, color=None),
-            )
-            for j in range(cols)
-        ])
+        table.add_row(
+            *[
+                rich.padding.Padding(
+                    rich.align.Align(f"{kind} {cells[i, j]}", "center", vertical="middle"),
+                    (1, 1, 1, 1),
+                    style=rich.style.Style(bgcolor=None, color=None),
+                )
+                for j in range(cols)
+            ]
+        )
     console.print(table, end="\n\n")
     return table
 

@@ -52,8 +52,8 @@ def local_shards(t) -> list[XLAShard]:
     out = []
     for s in sorted(handle.addressable_shards, key=lambda s: s.device.id):
         block = host_tensor(fetch(s.data), data.shape.dtype)
-        spans = [sl.indices(n) for sl, n in zip(s.index, shape)]
-        if all(a == 0 and b == n for (a, b, _), n in zip(spans, shape)):
+        spans = [sl.indices(n) for sl, n in zip(s.index, shape, strict=False)]
+        if all(a == 0 and b == n for (a, b, _), n in zip(spans, shape, strict=False)):
             indices = Ellipsis
         else:
             indices = [slice(a, b, 1) for a, b, _ in spans]
@@ -64,7 +64,7 @@ def local_shards(t) -> list[XLAShard]:
 class XLAShardedTensor(DTensor):
     """A wrapper of the engine's tensor with torch_xla's sharding view of it."""
 
-    __slots__ = ["global_tensor", "mesh_shape", "partition_spec", "_cached_spec"]
+    __slots__ = ["_cached_spec", "global_tensor", "mesh_shape", "partition_spec"]
 
     @staticmethod
     def __new__(cls, elem, mesh_shape=None, partition_spec=None, *args, **kwargs):
@@ -209,8 +209,9 @@ class XLAShardedTensor(DTensor):
 
         result = self.global_tensor.clone() if async_op else self.global_tensor
         mark_sharding(result, device_mesh, tuple(spec))
-        return XLAShardedTensor(result, mesh_shape=device_mesh.mesh_shape,
-                                partition_spec=tuple(spec))
+        return XLAShardedTensor(
+            result, mesh_shape=device_mesh.mesh_shape, partition_spec=tuple(spec)
+        )
 
 
 @contextlib.contextmanager

@@ -75,7 +75,7 @@ class Mesh:
     def shape(self):
         if self.axis_names is None:
             return OrderedDict(enumerate(self.mesh_shape))
-        return OrderedDict(zip(self.axis_names, self.mesh_shape))
+        return OrderedDict(zip(self.axis_names, self.mesh_shape, strict=False))
 
     def get_logical_mesh(self):
         return self.device_ids.reshape(self.mesh_shape)
@@ -137,11 +137,11 @@ class HybridMesh(Mesh):
         if dcn_mesh_shape is None:
             dcn_mesh_shape = tuple([1] * len(ici_mesh_shape))
         assert len(ici_mesh_shape) == len(dcn_mesh_shape)
-        mesh_shape = tuple(i * d for i, d in zip(ici_mesh_shape, dcn_mesh_shape))
+        mesh_shape = tuple(i * d for i, d in zip(ici_mesh_shape, dcn_mesh_shape, strict=False))
         n = int(np.prod(mesh_shape))
         ids = np.arange(n).reshape(tuple(dcn_mesh_shape) + tuple(ici_mesh_shape))
         k = len(mesh_shape)
-        order = [a for pair in zip(range(k), range(k, 2 * k)) for a in pair]
+        order = [a for pair in zip(range(k), range(k, 2 * k), strict=False) for a in pair]
         ids = ids.transpose(order).reshape(mesh_shape)
         super().__init__(ids.flatten(), mesh_shape, axis_names)
 
@@ -167,7 +167,9 @@ def _translate_named_partition_spec(mesh: Mesh, partition_spec):
     out = []
     for p in partition_spec:
         if type(p) is tuple:
-            assert not any(type(x) is tuple for x in p), "Partition spec cannot contain nested tuples"
+            assert not any(type(x) is tuple for x in p), (
+                "Partition spec cannot contain nested tuples"
+            )
             out.append(_translate_named_partition_spec(mesh, p))
         elif p is None or isinstance(p, (int, np.integer)):
             out.append(None if p is None else int(p))
@@ -257,7 +259,7 @@ def shard_as(a, b):
     fb, sb = tree_flatten(b)
     assert sa == sb, f"a and b must have the same structure. got {sa} and {sb}"
     outa, outb = [], []
-    for x, y in zip(fa, fb):
+    for x, y in zip(fa, fb, strict=False):
         if x is None or y is None:
             assert x is None and y is None
         else:
@@ -371,7 +373,9 @@ class XLAPatchedLinear(torch.autograd.Function):
         input, weight, bias = ctx.saved_tensors
         grad_input = grad_output @ weight
         grad_weight = torch.einsum("...n,...p->np", grad_output, input)
-        grad_bias = None if bias is None else grad_output.sum(dim=tuple(range(grad_output.dim() - 1)))
+        grad_bias = (
+            None if bias is None else grad_output.sum(dim=tuple(range(grad_output.dim() - 1)))
+        )
         return grad_input, grad_weight, grad_bias
 
 
