@@ -1,4 +1,5 @@
-"""Kernels for torch's Lazy dispatch key (XLA's, once the device is named "xla"): tensors created directly on the lazy device
+"""Kernels for torch's Lazy dispatch key (XLA's, once the device is named "xla"): tensors
+created directly on the lazy device
 (``torch.zeros(3, device="lazy")``, ``torch.tensor(..., device="lazy")``) come here."""
 
 from __future__ import annotations

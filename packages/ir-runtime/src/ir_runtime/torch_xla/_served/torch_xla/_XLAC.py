@@ -301,7 +301,8 @@ def _global_tensor_from_cpu_shards(shards, op_sharding: OpSharding, global_shape
     index = sharding.addressable_devices_indices_map(global_shape)
     arrays = []
     for d, s in zip(local, shards, strict=False):
-        want = tuple(len(range(*sl.indices(n))) for sl, n in zip(index[d], global_shape))
+        spans = zip(index[d], global_shape, strict=True)
+        want = tuple(len(range(*sl.indices(n))) for sl, n in spans)
         block = host_numpy(s)[tuple(slice(0, w) for w in want)]
         arrays.append(jax.device_put(block, d))
     array = jax.make_array_from_single_device_arrays(global_shape, sharding, arrays)
