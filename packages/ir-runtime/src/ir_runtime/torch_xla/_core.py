@@ -15,9 +15,11 @@ _PLATFORMS = {"cpu": "CPU", "gpu": "CUDA", "cuda": "CUDA", "rocm": "CUDA", "tpu"
 def devices() -> list:
     """The engine's devices, started on first use (``CPU_NUM_DEVICES`` or
     ``IR_RUNTIME_CPU_DEVICES`` virtual CPU devices where the backend is the CPU)."""
-    if not backends_are_initialized():
-        return irt.init()
-    return irt.devices()
+    found = irt.init() if not backends_are_initialized() else irt.devices()
+    if "PJRT_DEVICE" not in os.environ:  # (torch_xla sets it once it has chosen a platform)
+        p = found[0].platform
+        os.environ["PJRT_DEVICE"] = _PLATFORMS.get(p, p.upper())
+    return found
 
 
 def device_type() -> str:
