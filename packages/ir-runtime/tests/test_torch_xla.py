@@ -170,3 +170,19 @@ def test_uneven_sharding_is_refused_by_name(spec):
             print("refused")
     """)
     assert out.strip() == ("refused" if spec == (0, None) else "placed")
+
+
+def test_the_readme_example_runs_as_written():
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Coming from torch_xla") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    env = dict(os.environ, CPU_NUM_DEVICES="8")
+    env.pop("IR_RUNTIME_CPU_DEVICES", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "xla:0 {devices=[8,1]0,1,2,3,4,5,6,7}"
