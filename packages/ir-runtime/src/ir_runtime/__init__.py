@@ -128,16 +128,16 @@ def _on_lazy_key(keyset, op, *args, **kwargs):
     return on_lazy_key(keyset, op, *args, **kwargs)
 
 
-def _lazy_key_fallback():
-    """The fallback of torch's Lazy dispatch key (``_install.on_lazy_key``), kept alive as long
-    as the Library returned. None where the key has one already: torch's own lazy backend, or
-    this module imported a second time."""
+def _lazy_key_fallback(key: str = "Lazy"):
+    """The fallback of torch's dispatch key ``key`` (Lazy; XLA once the device is named "xla")
+    (``_install.on_lazy_key``), kept alive as long as the Library returned. None where the key
+    has one already: torch's own lazy backend, or this module imported a second time."""
     import torch
 
-    if torch._C._dispatch_has_backend_fallback(torch._C.DispatchKey.Lazy):
+    if torch._C._dispatch_has_backend_fallback(getattr(torch._C.DispatchKey, key)):
         return None
     library = torch.library.Library("_", "IMPL")
-    library.fallback(_on_lazy_key, "Lazy", with_keyset=True)
+    library.fallback(_on_lazy_key, key, with_keyset=True)
     return library
 
 

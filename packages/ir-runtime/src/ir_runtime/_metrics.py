@@ -103,7 +103,10 @@ def metrics_report() -> str:
     return "\n".join(lines)
 
 
-def reset_metrics() -> None:
+def reset_metrics(counters: bool = True, timers: bool = True) -> None:
+    """Clear the counters and the timers (either alone: torch_xla clears them apart)."""
     with _lock:
-        _counters.clear()
-        _timers.clear()
+        if counters:
+            _counters.clear()
+        if timers:
+            _timers.clear()

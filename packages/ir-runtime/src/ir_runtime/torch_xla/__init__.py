@@ -122,15 +122,10 @@ _XLA_KEY: list = []  # the Library holding the XLA key's fallback, kept alive
 def _xla_key_fallback() -> None:
     """What ``import ir_runtime`` does for the Lazy key, for the XLA key: an op made on the
     ``xla`` device with no kernel there installs the front end, then runs on its kernel."""
-    import torch
-
-    if _XLA_KEY or torch._C._dispatch_has_backend_fallback(torch._C.DispatchKey.XLA):
-        return
     import ir_runtime
 
-    library = torch.library.Library("_", "IMPL")
-    library.fallback(ir_runtime._on_lazy_key, "XLA", with_keyset=True)
-    _XLA_KEY.append(library)
+    if not _XLA_KEY:
+        _XLA_KEY.append(ir_runtime._lazy_key_fallback("XLA"))
 
 
 __all__ = ["install", "installed"]

@@ -16,16 +16,18 @@ def devices() -> list:
     """The engine's devices, started on first use (``CPU_NUM_DEVICES`` or
     ``IR_RUNTIME_CPU_DEVICES`` virtual CPU devices where the backend is the CPU)."""
     found = irt.init() if not backends_are_initialized() else irt.devices()
-    if "PJRT_DEVICE" not in os.environ:  # (torch_xla sets it once it has chosen a platform)
-        p = found[0].platform
-        os.environ["PJRT_DEVICE"] = _PLATFORMS.get(p, p.upper())
+    # (torch_xla sets PJRT_DEVICE once it has chosen a platform)
+    os.environ.setdefault("PJRT_DEVICE", _platform(found[0]))
     return found
+
+
+def _platform(device) -> str:
+    return _PLATFORMS.get(device.platform, device.platform.upper())
 
 
 def device_type() -> str:
     """torch_xla's name for the platform: ``"CPU"``, ``"CUDA"``, ``"TPU"``."""
-    platform = devices()[0].platform
-    return _PLATFORMS.get(platform, platform.upper())
+    return _platform(devices()[0])
 
 
 def local_devices() -> list:

@@ -213,9 +213,14 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
         irt.mark_sharding(w, mesh, ("data",))  # ShardingError: 1 entry, but w has 2 dims
     """
     check_lazy(t, "mark_sharding")
+    return annotate(t, ShardingSpec(mesh, partition_spec))
+
+
+def annotate(t: LazyTensor, spec: ShardingSpec) -> LazyTensor:
+    """``mark_sharding`` with the spec made: ``t`` (a lazy tensor) annotated with ``spec``."""
     _step.no_region("calls mark_sharding (inside a manual region every tensor is one device's)")
-    spec = ShardingSpec(mesh, partition_spec)
-    spec.check_even(tuple(t.shape), f"the tensor {tuple(t.shape)}")
+    if spec.partition_spec is not None:
+        spec.check_even(tuple(t.shape), f"the tensor {tuple(t.shape)}")
     check_annotation(t, spec)
     _relink_annotated(t, spec)
     t._annotate(spec)

@@ -215,7 +215,10 @@ class LazyStorage:
     tensor), so slices of one tensor are told apart and a tensor is told from its aliases."""
 
     __slots__ = ("_root", "offset")
-    device = torch.device(_convert.DEVICE)
+
+    @property
+    def device(self) -> torch.device:
+        return _convert.DEVICE
 
     def __init__(self, t: LazyTensor):
         chain, asked = [], t

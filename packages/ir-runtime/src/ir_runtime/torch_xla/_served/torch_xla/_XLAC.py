@@ -312,25 +312,19 @@ def _global_tensor_from_cpu_shards(shards, op_sharding: OpSharding, global_shape
     return t
 
 
-def _spmd_full_to_shard_shape(t):
-    from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
+def _manual(name: str):
+    """A call of an eager manual region: refused (``xla_sharding._manual_unsupported``)."""
 
-    _manual_unsupported("_XLAC._spmd_full_to_shard_shape")
+    def refuse(*args, **kwargs):
+        from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
 
+        _manual_unsupported(f"_XLAC.{name}")
 
-def _spmd_shard_to_full_shape(t, sharding, full_shape, dtype):
-    from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
-
-    _manual_unsupported("_XLAC._spmd_shard_to_full_shape")
-
-
-def _xla_spmd_all_reduce(*args, **kwargs):
-    from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
-
-    _manual_unsupported("_XLAC._xla_spmd_all_reduce")
+    refuse.__name__ = name
+    return refuse
 
 
-def _xla_spmd_reduce_scatter(*args, **kwargs):
-    from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
-
-    _manual_unsupported("_XLAC._xla_spmd_reduce_scatter")
+_spmd_full_to_shard_shape = _manual("_spmd_full_to_shard_shape")
+_spmd_shard_to_full_shape = _manual("_spmd_shard_to_full_shape")
+_xla_spmd_all_reduce = _manual("_xla_spmd_all_reduce")
+_xla_spmd_reduce_scatter = _manual("_xla_spmd_reduce_scatter")

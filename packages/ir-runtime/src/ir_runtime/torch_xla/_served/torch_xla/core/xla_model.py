@@ -93,11 +93,9 @@ def xrt_world_size(defval: int = 1) -> int:
 
 def unlazy(tensors) -> None:
     """Compute ``tensors`` now."""
-    from ir_runtime._frontend.steps._step import materialize
+    import torch_xla
 
-    for t in tensors:
-        if isinstance(t, _irt.LazyTensor):
-            materialize(t)
+    torch_xla._XLAC._xla_sync_multi(tensors, wait=False)
 
 
 # -- steps -------------------------------------------------------------------------------------
@@ -148,34 +146,19 @@ def send_cpu_data_to_device(datas, device, input_sharding=None, transfer_async: 
     """CPU tensors in ``datas`` (a tensor or any nesting of lists, tuples and dicts) moved to
     the device, each placed as ``input_sharding`` (an ``xs.ShardingSpec``) says."""
 
-    def move(x):
-        if type(x) is torch.Tensor and x.device.type == "cpu":
-            t = x.to(device)
-            if input_sharding is not None and input_sharding.can_apply(t):
-                input_sharding.apply(t)
-            return t
-        if isinstance(x, (list, tuple)):
-            return type(x)(move(v) for v in x)
-        if isinstance(x, dict):
-            return {k: move(v) for k, v in x.items()}
-        return x
+    from torch_xla.distributed.parallel_loader import _place
 
     if type(datas) is torch.Tensor:
-        return [move(datas)]
-    return move(datas)
+        datas = [datas]
+    return _place(datas, device, input_sharding)
 
 
 def _maybe_convert_to_cpu(data, convert: bool = True):
-    def cpu(x):
-        if isinstance(x, torch.Tensor) and x.device.type == "xla":
-            return x.cpu()
-        if isinstance(x, (list, tuple)):
-            return type(x)(cpu(v) for v in x)
-        if isinstance(x, dict):
-            return {k: cpu(v) for k, v in x.items()}
-        return x
+    from torch.utils._pytree import tree_map
 
-    return cpu(data) if convert else data
+    if not convert:
+        return data
+    return tree_map(lambda x: x.cpu() if is_xla_tensor(x) else x, data)
 
 
 def save(data, file_or_path, master_only: bool = True, global_master: bool = False) -> None:

@@ -70,25 +70,12 @@ def metric_data(name: str):
 def clear_counters() -> None:
     from ir_runtime._frontend.steps._step import _EVENTS
 
-    timers = {k: dict(v) for k, v in _irt.metrics()["timers"].items()}
-    _irt.reset_metrics()
-    _restore_timers(timers)
+    _irt.reset_metrics(timers=False)
     _CLEARED[0] = _EVENTS["mark_steps"]
 
 
-def _restore_timers(timers: dict) -> None:
-    from ir_runtime import _metrics
-
-    with _metrics._lock:
-        for name, t in timers.items():
-            _metrics._timers[name] = [t["count"], t["total"], t["max"], t["last"]]
-
-
 def clear_metrics() -> None:
-    from ir_runtime import _metrics
-
-    with _metrics._lock:
-        _metrics._timers.clear()
+    _irt.reset_metrics(counters=False)
 
 
 def clear_all() -> None:

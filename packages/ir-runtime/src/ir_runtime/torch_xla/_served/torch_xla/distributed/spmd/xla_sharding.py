@@ -4,7 +4,6 @@ engine's (``ir_sharding.Mesh``, ``ir_runtime.mark_sharding``)."""
 from __future__ import annotations
 
 import ast
-import functools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -211,15 +210,9 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> XLAShardedTensor:
 
 
 def _mark(inner, spec: _IrSpec) -> None:
-    from ir_runtime._frontend.recording._api import _relink_annotated, check_annotation
-    from ir_runtime._frontend.steps import _step
+    from ir_runtime._frontend.recording._api import annotate
 
-    _step.no_region("calls mark_sharding")
-    if spec.partition_spec is not None:
-        spec.check_even(tuple(inner.shape), f"the tensor {tuple(inner.shape)}")
-    check_annotation(inner, spec)
-    _relink_annotated(inner, spec)
-    inner._annotate(spec)
+    annotate(inner, spec)
 
 
 class MarkShardingFunction(torch.autograd.Function):
@@ -243,11 +236,7 @@ class MarkShardingFunction(torch.autograd.Function):
 def mark_sharding_with_gradients(t, mesh: Mesh, partition_spec) -> torch.Tensor:
     _check_rank(t, partition_spec)
     inner = _lazy(t, "mark_sharding_with_gradients")
-    names = mesh._ir.axis_names
-    spec = tuple(
-        None if p is None else (tuple(names[a] for a in p) if isinstance(p, tuple) else names[p])
-        for p in _translate_named_partition_spec(mesh, partition_spec)
-    )
+    spec = _translate_named_partition_spec(mesh, partition_spec)
     return _irt.mark_sharding_with_gradients(inner, mesh._ir, spec)
 
 
@@ -377,8 +366,3 @@ class XLAPatchedLinear(torch.autograd.Function):
             None if bias is None else grad_output.sum(dim=tuple(range(grad_output.dim() - 1)))
         )
         return grad_input, grad_weight, grad_bias
-
-
-@functools.lru_cache
-def _device_count() -> int:
-    return xr.global_runtime_device_count()
