@@ -41,60 +41,17 @@ def before():
     return intact
 
 
-# -- uneven shards: refused where they are given, for data and pending tensors alike ---------
-
-UNEVEN = (
-    "partition spec ('data', 'model') splits dim 0 of the tensor (6, 5) (size 6) over 'data' "
-    "into 4 blocks, and 6 is not a multiple of 4; split only dims that divide evenly (pad the "
-    "tensor, or shard another dim): uneven blocks are not supported. If dim 0 is a batch (the "
-    "last batch of an epoch is smaller), drop it (DataLoader(..., drop_last=True)) or pad it to "
-    "a multiple of 4"
-)
+# -- uneven shards across processes: each passes its own blocks, which must be even ---------
 
 
-@pytest.mark.parametrize("kind", ["pending", "data"])
-def test_an_uneven_spec_is_refused_at_mark_sharding(before, kind):
-    t = irt.to_lazy(torch.ones(6, 5))
-    if kind == "pending":
-        t = t * 2
-    value = inspect.value_of(t)
-    with pytest.raises(ShardingError) as e:
-        irt.mark_sharding(t, MESH, ("data", "model"))
-    assert str(e.value) == UNEVEN
-    assert inspect.value_of(t) is value and inspect.annotation_of(t) is None
-    assert "not sharded" in irt.visualize_sharding(t)
-    before()
-    assert t.cpu().tolist() == [[2.0 if kind == "pending" else 1.0] * 5] * 6
-    irt.mark_sharding(t, MESH, (None, None))  # an even spec is still taken
-    irt.mark_step()
-
-
-def test_uneven_specs_are_refused_by_every_placement(before):
-    spec = ShardingSpec(MESH, ("data", None))
-    with pytest.raises(ShardingError, match=r"dim 0 of the array float32\[6,2\] \(size 6\)"):
-        irt.to_device(np.ones((6, 2), np.float32), spec)
-    with pytest.raises(ShardingError, match=r"dim 0 of the tensor \(6, 2\) \(size 6\)"):
-        irt.from_process_local(torch.ones(6, 2), MESH, ("data", None))
+def test_uneven_blocks_of_a_process_local_part_are_refused(before):
+    """In one process an uneven spec is taken (``test_uneven.py``); the calls whose arguments
+    are one process's blocks of a global tensor refuse it: each process loads even blocks."""
     with pytest.raises(ShardingError, match=r"dim 0 of global_shape \(10, 2\) \(size 10\)"):
         irt.process_local_slices(MESH, ("data", None), (10, 2))
-    leaf = irt.to_lazy(torch.ones(6, 2, requires_grad=True))
-    with pytest.raises(ShardingError, match="6 is not a multiple of 4"):
-        irt.mark_sharding_with_gradients(leaf, MESH, ("data", None))
-    assert inspect.annotation_of(leaf) is None
-    x = irt.to_device(np.ones((6, 2), np.float32))
-    y = Value(Generic("aten::mul.Scalar", [Value(x)], [x.shape], {"other": 2.0}))
-    with pytest.raises(ShardingError, match=r"dim 0 of root 0 \(float32\[6,2\]\)"):
-        irt.execute([y], out_shardings=[spec])
+    with pytest.raises(ShardingError, match=r"dim 0 of global_shape \(6, 2\) \(size 6\)"):
+        irt.from_process_local(torch.ones(3, 2), MESH, ("data", None), global_shape=(6, 2))
     before()
-
-
-def test_an_uneven_annotation_in_a_graph_is_a_lowering_error():
-    x = irt.to_device(np.ones((6, 2), np.float32))
-    node = Generic("aten::mul.Scalar", [Value(x)], [x.shape], {"other": 2.0})
-    y = Value(node.clone(sharding=ShardingSpec(MESH, ("data", None))))
-    with pytest.raises(irt.LoweringError, match="6 is not a multiple of 4") as e:
-        irt.execute([y])
-    assert isinstance(e.value.__cause__, ShardingError)
 
 
 # -- two device orders: refused at the op that combines them ----------------------------------
@@ -325,10 +282,6 @@ def _checked_index_out_of_range():
 
 
 BAD_CALLS = {
-    "uneven spec": (
-        lambda: irt.mark_sharding(irt.to_lazy(torch.ones(6)) * 2, MESH, ("data",)),
-        ShardingError,
-    ),
     "spec rank": (
         lambda: irt.mark_sharding(irt.to_lazy(torch.ones(8, 4)), MESH, ("data",)),
         ShardingError,

@@ -131,9 +131,6 @@ def test_errors_come_in_order_naming_the_tensor_and_the_rule():
         irt.ShardedLoader([], "mesh", ("data",))
     with pytest.raises(ValueError, match="prefetch must be a positive int, got 0"):
         irt.ShardedLoader([], MESH, ("data",), prefetch=0)
-    odd = [(torch.randn(6, 2),)]  # 6 rows over 4 devices of "data"
-    with pytest.raises(ShardingError, match=r"\(6, 2\)"):
-        list(irt.ShardedLoader(odd, MESH, ("data", None)))
     with pytest.raises(ShardingError, match="has 1 dims but its partition spec"):
         list(irt.ShardedLoader([(torch.randn(8),)], MESH, (None, "model")))
 
@@ -147,22 +144,15 @@ def test_errors_come_in_order_naming_the_tensor_and_the_rule():
         for x, _ in irt.ShardedLoader(broken(), MESH, ("data", None), prefetch=4):
             got.append(irt.to_torch(x))
     assert len(got) == 2 and torch.equal(got[1], batches(2)[1][0])
-    mixed = [batches(1)[0], (torch.randn(6, 2),)]
-    it = iter(irt.ShardedLoader(mixed, MESH, ("data", None)))
-    assert torch.equal(irt.to_torch(next(it)[0]), batches(1)[0][0])
+    bad = [{"x": torch.randn(8, 6)}, {"x": torch.randn(8)}]
+    it = iter(irt.ShardedLoader(bad, MESH, {"x": (None, "model")}))
+    assert torch.equal(irt.to_torch(next(it)["x"]), bad[0]["x"])
     with pytest.raises(ShardingError) as e:
         next(it)
-    # Which batch, which tensor, which axis, and the fix for a last batch.
-    assert str(e.value).startswith(
-        "partition spec ('data', None) splits dim 0 of batch 1 (the tensor (6, 2)) (size 6) "
-        "over 'data' into 4 blocks"
+    # Which tensor, and the rule; after the batch before it was used.
+    assert str(e.value) == (
+        "the batch's tensor 'x' has 1 dims but its partition spec (None, 'model') shards dim 1"
     )
-    assert str(e.value).endswith(
-        "drop it (DataLoader(..., drop_last=True)) or pad it to a multiple of 4"
-    )
-    keyed = [{"ids": torch.zeros(6, 3, dtype=torch.long)}]
-    with pytest.raises(ShardingError, match=r"of batch 0 \('ids', the tensor \(6, 3\)\)"):
-        list(irt.ShardedLoader(keyed, MESH, {"ids": ("data", None)}))
 
 
 def test_leaving_the_loop_early_frees_the_batches_placed_ahead():

@@ -237,6 +237,29 @@ def test_check_even_refuses_exactly_what_jax_cannot_place(data):
         spec.check_even(shape)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_evenly_is_placeable_and_holds_every_uneven_block(data):
+    """``evenly(shape)``: jax places an array of ``shape`` in it, it splits every dim the spec
+    splits evenly as the spec does, and each device's block under the (uneven) spec lies in
+    the block it holds under ``evenly``, as XLA's ``devices_indices_map`` says."""
+    mesh = data.draw(meshes())
+    spec = ShardingSpec(mesh, data.draw(partition_specs(mesh)))
+    shape = tuple(data.draw(st.integers(0, 13)) for _ in range(spec.rank))
+    held = spec.evenly(shape)
+    jax.device_put(np.zeros(shape, np.float32), held.to_jax())
+    for d, t, h in zip(shape, spec.tile_dims, held.tile_dims, strict=True):
+        assert h == (1 if d % t else t), (shape, spec, held)
+    if held == spec:
+        assert held is spec
+        return
+    event("uneven")
+    wanted, holds = ours(spec, shape), ours(held, shape)
+    for device, block in wanted.items():
+        for (a, b), (lo, hi) in zip(block, holds[device], strict=True):
+            assert lo <= a and (b <= hi or a == b), (device, block, holds[device])
+
+
 def test_check_even_names_the_dim_axes_and_blocks():
     spec = ShardingSpec(Mesh(range(8), (4, 2), ("data", "model")), ("data", "model"))
     with pytest.raises(ShardingError) as e:

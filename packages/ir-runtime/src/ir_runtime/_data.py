@@ -126,7 +126,7 @@ def device_data(a: np.ndarray, sharding=None) -> DeviceData:
     """``to_device`` of an array nothing else writes (no copy)."""
     shape = Shape(name_of(a.dtype), a.shape)
     if sharding is not None:
-        sharding.check_even(a.shape, f"the array {shape}")
+        sharding = sharding.evenly(a.shape)  # (jax holds even blocks; XLA computes uneven ones)
     program = Program.of(None if sharding is None else sharding.mesh)
     _metrics.count("TransferToDevice")
     return DeviceData(shape, handle=put(a, program.jax_sharding(sharding)), sharding=sharding)

@@ -30,22 +30,25 @@ def roots_of(roots) -> list:
 
 def _out_specs(pins, roots) -> list:
     """Each root's own annotation, else its pin (``execute``'s ``out_shardings``: None, or one
-    ShardingSpec, None or ``REPLICATED`` per root, checked here where it is used)."""
+    ShardingSpec, None or ``REPLICATED`` per root, checked here where it is used), held
+    evenly: a dim the root's shape does not divide into its blocks is returned whole (jax holds
+    only even blocks; inside the program XLA computes the uneven ones)."""
     own = [spec_at(r.node.sharding, r.index) for r in roots]
-    if pins is None:
-        return own
-    pins = tuple(pins)
-    if len(pins) != len(roots):
-        raise LoweringError(
-            f"out_shardings has {len(pins)} entries for {len(roots)} roots; give one per root"
-        )
-    for k, (spec, pin, r) in enumerate(zip(own, pins, roots, strict=True)):
-        if spec is None and pin is not None:
-            if pin is not REPLICATED:
-                specs_of(pin)  # a ShardingSpec, or a clear error
-                pin.check_even(r.shape.dims, f"root {k} ({r.shape})")
-            own[k] = pin
-    return own
+    if pins is not None:
+        pins = tuple(pins)
+        if len(pins) != len(roots):
+            raise LoweringError(
+                f"out_shardings has {len(pins)} entries for {len(roots)} roots; give one per root"
+            )
+        for k, (spec, pin) in enumerate(zip(own, pins, strict=True)):
+            if spec is None and pin is not None:
+                if pin is not REPLICATED:
+                    specs_of(pin)  # a ShardingSpec, or a clear error
+                own[k] = pin
+    return [
+        s if s is None or s is REPLICATED else s.evenly(r.shape.dims)
+        for s, r in zip(own, roots, strict=True)
+    ]
 
 
 class Graph:
@@ -105,7 +108,7 @@ class Graph:
                             f"devices in the same order (jax's device assignment)"
                         )
                     try:
-                        spec.check_even(shape.dims, f"{n!r}")
+                        spec.check_rank(len(shape.dims), f"{n!r}")
                     except ShardingError as e:
                         raise LoweringError(str(e)) from e
             self._program = Program.of(self.mesh)

@@ -339,6 +339,29 @@ class ShardingSpec(_ByBytes):
                     f"another dim): uneven blocks are not supported{batch}"
                 )
 
+    def evenly(self, global_shape) -> ShardingSpec:
+        """This spec with every split dim that ``global_shape`` does not divide into its blocks
+        left whole (its mesh axes replicate it): the placement an array of that shape can be
+        held in (jax holds only even blocks), where XLA computes the uneven blocks inside a
+        program. ``self`` when every split dim divides evenly, or the spec fits any rank.
+
+        >>> mesh = Mesh(range(8), (4, 2), ("data", "model"))
+        >>> ShardingSpec(mesh, ("data", "model")).evenly((6, 4)).partition_spec
+        (None, 'model')
+        """
+        shape = self._check_shape(global_shape)
+        if self._tile is None:
+            return self
+        tiles = self.tile_dims
+        if all(d % t == 0 for d, t in zip(shape, tiles, strict=True)):
+            return self
+        entries = tuple(
+            () if d % t else axes for d, t, axes in zip(shape, tiles, self._entries, strict=True)
+        )
+        spec = ShardingSpec.__new__(ShardingSpec)
+        spec._init(self._mesh, entries, None, None)
+        return spec
+
     # -- where the blocks are ---------------------------------------------------------------
 
     def _check_shape(self, global_shape, what: str | None = None) -> tuple[int, ...]:

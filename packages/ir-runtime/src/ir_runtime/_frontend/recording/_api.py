@@ -75,13 +75,16 @@ def _relink_annotated(t: LazyTensor, spec) -> None:
         if spec is None:
             new = node.clone(sharding=None)
         else:
+            # held evenly: a dim that does not divide into its blocks stays whole in the data
+            # (jax holds only even blocks); programs compute its uneven blocks as XLA pads them
+            held = spec.evenly(node.shape.dims)
             handle = node.handle
             placed = handle
             if handle is not None:
                 # Never the old buffers under a new array: the old node may still be read (a
                 # copy of the tensor, a pending op) after this one's data is donated.
-                placed = reshard(handle, spec.to_jax(), copy=True)
-            new = DeviceData(node.shape, handle=placed, sharding=spec)
+                placed = reshard(handle, held.to_jax(), copy=True)
+            new = DeviceData(node.shape, handle=placed, sharding=held)
         t._bind(new)
         return
     if node.op == "ir::annotate" and node.attrs.get("open"):
@@ -118,13 +121,13 @@ def place_local(local: torch.Tensor, spec: ShardingSpec, global_shape=None, what
     spec.check_rank(local.dim(), what)
     if global_shape is not None:
         global_shape = tuple(int(d) for d in global_shape)
-        spec.check_even(global_shape, f"global_shape {global_shape}")
-    elif spec.to_jax().is_fully_addressable:
-        spec.check_even(tuple(local.shape), what)
     sharding = spec.to_jax()
+    whole = sharding.is_fully_addressable and global_shape in (None, tuple(local.shape))
+    if not whole and global_shape is not None:  # each process passes its own (even) blocks
+        spec.check_even(global_shape, f"global_shape {global_shape}")
     try:
-        if sharding.is_fully_addressable and global_shape in (None, tuple(local.shape)):
-            array = put(host_numpy(local), sharding)  # one process: the whole tensor
+        if whole:  # one process: the whole tensor, held evenly (``ShardingSpec.evenly``)
+            array = put(host_numpy(local), spec.evenly(tuple(local.shape)).to_jax())
         else:
             array = jax.make_array_from_process_local_data(
                 sharding, host_numpy(local), global_shape
@@ -139,8 +142,10 @@ def place_local(local: torch.Tensor, spec: ShardingSpec, global_shape=None, what
 
 
 def placed_tensor(array, spec: ShardingSpec, requires_grad: bool = False) -> LazyTensor:
-    """A lazy tensor holding ``array`` (placed as ``spec``), annotated with ``spec``."""
-    node = DeviceData(Shape(name_of(array.dtype), array.shape), handle=array, sharding=spec)
+    """A lazy tensor holding ``array`` (placed as ``spec``, held evenly), annotated with
+    ``spec``."""
+    held = spec.evenly(array.shape)
+    node = DeviceData(Shape(name_of(array.dtype), array.shape), handle=array, sharding=held)
     t = LazyTensor(Value(node), requires_grad=requires_grad)
     t._annotate(spec)
     return t
@@ -220,7 +225,7 @@ def annotate(t: LazyTensor, spec: ShardingSpec) -> LazyTensor:
     """``mark_sharding`` with the spec made: ``t`` (a lazy tensor) annotated with ``spec``."""
     _step.no_region("calls mark_sharding (inside a manual region every tensor is one device's)")
     if spec.partition_spec is not None:
-        spec.check_even(tuple(t.shape), f"the tensor {tuple(t.shape)}")
+        spec.check_rank(t.dim(), f"the tensor {tuple(t.shape)}")
     check_annotation(t, spec)
     _relink_annotated(t, spec)
     t._annotate(spec)

@@ -69,8 +69,9 @@ def _placed_copy(dst: LazyTensor, src) -> bool:
     ):
         return False
     shape = shape_of(dst)
+    held = spec.evenly(shape.dims)
     _metrics.count("TransferToDevice")
-    dst._bind(DeviceData(shape, handle=put(host_numpy(src), spec.to_jax()), sharding=spec))
+    dst._bind(DeviceData(shape, handle=put(host_numpy(src), held.to_jax()), sharding=held))
     write_through(dst)
     return True
 

@@ -57,7 +57,7 @@ def mark_sharding_with_gradients(t, mesh: Mesh, partition_spec) -> LazyTensor:
     tensor to use from here on."""
     check_lazy(t, "mark_sharding_with_gradients")
     spec = ShardingSpec(mesh, partition_spec)
-    spec.check_even(tuple(t.shape), f"the tensor {tuple(t.shape)}")
+    spec.check_rank(t.dim(), f"the tensor {tuple(t.shape)}")
     mark_sharding(t, mesh, partition_spec)
     if not t.requires_grad:
         return t

@@ -36,28 +36,56 @@ class XLAShard:
 
 
 def local_shards(t) -> list[XLAShard]:
-    """The blocks of ``t``'s value on this process's devices, in device id order."""
+    """The blocks of ``t``'s value on this process's devices, in device id order, as its
+    sharding (annotation, else placement) cuts them: XLA's rule, ceil-sized blocks, the last
+    ones shorter and zero-padded here to the block shape, as torch_xla pads them. Each device's
+    block lies in the block its data holds (uneven dims are held whole), so it is cut from the
+    device's own data."""
     import jax
 
     from ir_runtime._data import fetch
     from ir_runtime._frontend.recording._convert import host_tensor
     from ir_runtime._frontend.steps._step import materialize
 
+    spec = _core.spec_of(t)
     data = materialize(t)
     handle = data.handle
     if not isinstance(handle, jax.Array):
         handle = jax.device_put(np.asarray(handle), _core.local_devices()[0])
     shape = tuple(t.shape)
+    wanted = spec.device_indices(shape) if spec is not None else {}
+    padded = spec.shard_shape(shape) if spec is not None else shape
+    replica, seen = {}, {}
+    for device, block in wanted.items():  # (mesh order: replica ids count along it)
+        key = tuple(sl.indices(n)[:2] for sl, n in zip(block, shape, strict=True))
+        replica[device] = seen[key] = seen.get(key, -1) + 1
     kind = _core.device_type()
     out = []
     for s in sorted(handle.addressable_shards, key=lambda s: s.device.id):
         block = host_tensor(fetch(s.data), data.shape.dtype)
-        spans = [sl.indices(n) for sl, n in zip(s.index, shape, strict=False)]
+        held = [sl.indices(n) for sl, n in zip(s.index, shape, strict=False)]
+        spans, replica_id = held, s.replica_id
+        if s.device.id in wanted:
+            spans = [sl.indices(n) for sl, n in zip(wanted[s.device.id], shape, strict=True)]
+            cut = tuple(
+                slice(a - h, b - h) for (a, b, _), (h, _, _) in zip(spans, held, strict=True)
+            )
+            block = _padded(block[cut], padded)
+            replica_id = replica[s.device.id]
         if all(a == 0 and b == n for (a, b, _), n in zip(spans, shape, strict=False)):
             indices = Ellipsis
         else:
             indices = [slice(a, b, 1) for a, b, _ in spans]
-        out.append(XLAShard(block, indices, f"{kind}:{s.device.id}", s.replica_id))
+        out.append(XLAShard(block, indices, f"{kind}:{s.device.id}", replica_id))
+    return out
+
+
+def _padded(block: torch.Tensor, shape) -> torch.Tensor:
+    """``block`` zero-padded at the end of each dim to ``shape``."""
+    if tuple(block.shape) == tuple(shape):
+        return block
+    out = block.new_zeros(shape)
+    out[tuple(slice(0, n) for n in block.shape)] = block
     return out
 
 
