@@ -14,10 +14,10 @@ Eager is not always the better answer. In half precision (``LOW_PRECISION``) som
 kernels round intermediates (``cross`` rounds each product, ``addbmm`` the sum after each batch;
 the grid sampler's error is ten times a single rounding's) where the lazy device rounds once; in
 float32 an iterative kernel's error depends on the CPU it runs on (``matrix_exp``). In those
-dtypes (``WIDENED``) a result that differs from eager's beyond the tolerance still passes if, element by
-element, it is no farther from the exact result (the op in float64 on the same values) than
-eager's element is; ``Outcome.nearer`` names the parts that passed so (torch's reference tests
-compare a reference with the precise result in the same way).
+dtypes (``WIDENED``) a result that differs from eager's beyond the tolerance still passes if,
+element by element, it is no farther from the exact result (the op in float64 on the same
+values) than eager's element is; ``Outcome.nearer`` names the parts that passed so (torch's
+reference tests compare a reference with the precise result in the same way).
 
 Used by ``test_opinfo.py`` and by ``bench/opinfo_coverage.py``.
 """

@@ -8,8 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 
 def run(code: str, devices: int = 8) -> str:
     env = dict(os.environ, CPU_NUM_DEVICES=str(devices))

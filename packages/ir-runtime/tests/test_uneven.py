@@ -67,13 +67,13 @@ def test_training_with_uneven_parameters_matches_eager_and_settles():
     eager = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
     model = irt.to_lazy(copy.deepcopy(eager))
     lazy = dict(model.named_parameters())
-    for name, p in lazy.items():  # weights (7, 5), (3, 7); biases (7,), (3,): all uneven
+    for p in lazy.values():  # weights (7, 5), (3, 7); biases (7,), (3,): all uneven
         irt.mark_sharding(p, MESH, ("data", "model") if p.dim() == 2 else ("data",))
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
     opt_l = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     data = [(torch.randn(6, 5), torch.randn(6, 3)) for _ in range(5)]
     counts = []
-    for step, (x, y) in enumerate(data):
+    for x, y in data:
         loss_e = torch.nn.functional.mse_loss(eager(x), y)
         loss_e.backward()
         opt_e.step()
