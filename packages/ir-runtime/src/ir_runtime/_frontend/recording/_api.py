@@ -191,8 +191,9 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
 
             Each mesh axis shards at most one dim, once. Mesh axes the spec leaves out
             replicate: each block is held by every device along them (``(None, None)``
-            replicates ``t`` whole). A split dim must be a multiple of its number of blocks
-            (jax's rule: uneven blocks are refused here, where torch_xla pads them).
+            replicates ``t`` whole). A split dim need not be a multiple of its number of
+            blocks (XLA's rule: the last blocks are shorter); such data is held evenly
+            (``ShardingSpec.evenly``) and programs compute the uneven blocks.
 
     Returns:
         ``t`` itself, annotated (and placed, if it holds data).
@@ -201,9 +202,8 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> LazyTensor:
         ShardingError: ``t`` is not a lazy tensor; ``mesh`` is not a ``Mesh``;
             ``partition_spec`` is not a tuple or list (a bare ``"data"``), has an entry of
             another kind, an unknown axis name, an index out of range, or a mesh axis twice,
-            or has not one entry per dim of ``t``; or splits a dim into blocks it is not a
-            multiple of (for data and pending work alike); or the call is inside a body
-            traced on placeholders (``shard_map``, ``scan_layers``).
+            or has not one entry per dim of ``t``; or the call is inside a body traced on
+            placeholders (``shard_map``, ``scan_layers``).
 
     Example, with 8 devices as a 4 x 2 mesh::
 
