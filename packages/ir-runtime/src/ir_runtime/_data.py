@@ -21,8 +21,10 @@ from ir_runtime._placement import Program
 
 def put(host: np.ndarray, sharding):
     """A host array placed on ``sharding``. Over devices of several processes, each process
-    places only the blocks its own devices hold (every process passes the same array)."""
+    places only the blocks its own devices hold (every process passes the same array).
+    ``OutboundData`` records the bytes (torch_xla's metric)."""
     enable_x64()
+    _metrics.record("OutboundData", getattr(host, "nbytes", 0))
     if not sharding.is_fully_addressable:
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
     if type(host) is not np.ndarray or not host.dtype.isnative:

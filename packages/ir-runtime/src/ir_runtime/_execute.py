@@ -27,11 +27,9 @@ def reshard(h, sharding, copy: bool = False):
     result that must not share them with ``h`` (a buffer one node may donate while another
     still reads it)."""
     settle()
-    if (
-        isinstance(h, jax.Array)
-        and not sharding.is_fully_addressable
-        and h.sharding.device_set != sharding.device_set
-    ):
+    if not isinstance(h, jax.Array):  # host data: placed (and its bytes counted) by put
+        return put(np.asarray(h), sharding)
+    if not sharding.is_fully_addressable and h.sharding.device_set != sharding.device_set:
         # Across processes jax moves arrays only between shardings over the same devices: a
         # process-local array (a parameter before its first step) goes through the host.
         return put(np.asarray(h), sharding)

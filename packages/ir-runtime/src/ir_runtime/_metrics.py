@@ -26,7 +26,8 @@ COUNTERS = (
 )
 # Timers appear in metrics() as first recorded: LowerTime, CompileTime, ExecuteTime, GraphNodes
 # (nodes, not seconds), CacheLookupTime, TraceTime (host time between two mark_steps: recording
-# a step) and MarkStepTime.
+# a step) and MarkStepTime; and two of sizes, as torch_xla names them: OutboundData (bytes of
+# each host -> device transfer) and InputOutputAliasCount (buffers each program took over).
 # Counters named "Decomposed::<op>" count ops that went through torch's decompositions (slow on
 # the tracing path: candidates for a lowering rule); "Unsupported::<op>" ops with neither.
 
@@ -57,6 +58,7 @@ def executed(seconds: float, donated: int) -> None:
         _counters["ExecuteCount"] = _counters.get("ExecuteCount", 0) + 1
         if donated:
             _counters["DonatedBuffers"] = _counters.get("DonatedBuffers", 0) + donated
+            _record("InputOutputAliasCount", donated)
 
 
 @contextmanager

@@ -89,18 +89,27 @@ def spec_of(t):
     t = lazy(t)
     if not isinstance(t, irt.LazyTensor):
         return None
-    return t._where()
+    where = t._where()
+    if where is None:  # a pending value annotated inside autograd (its node carries it)
+        from ir_runtime._placement import spec_at
+
+        where = spec_at(t._ir.node.sharding, t._ir.index)
+    return where
 
 
 def sharding_text(t) -> str:
     """``torch_xla._XLAC._get_xla_sharding_spec``: the HLO sharding with explicit device ids,
-    as torch_xla 2.9 prints it; ``""`` for a tensor without one."""
+    as torch_xla 2.9 prints it; ``""`` for a tensor without one (moved with ``.to("xla")`` and
+    never annotated, or cleared)."""
     spec = spec_of(t)
-    if spec is None:
-        # Data on the SPMD device without a sharding is replicated on every device.
-        from ir_core import DeviceData
+    return "" if spec is None else spec.to_hlo_text(devices="ids")
 
-        t = lazy(t)
-        held = isinstance(t, irt.LazyTensor) and type(t._ir.node) is DeviceData
-        return "{replicated}" if held and is_spmd() else ""
-    return spec.to_hlo_text(devices="ids")
+
+def replicate(t) -> None:
+    """Annotate ``t`` replicated over every device: what torch_xla gives data sent to the
+    device without a sharding under SPMD (``send_cpu_data_to_device``, ``MpDeviceLoader``)."""
+    from ir_runtime._frontend.recording._api import annotate
+    from ir_sharding import Mesh, ShardingSpec
+
+    ids = [d.id for d in devices()]
+    annotate(t, ShardingSpec.replicated(Mesh(ids, (len(ids),), ("devices",))))

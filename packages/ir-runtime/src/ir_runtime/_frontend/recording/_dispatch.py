@@ -34,7 +34,7 @@ from ir_runtime._frontend.recording._record import (
     plan_of,
     record,
 )
-from ir_runtime._frontend.recording._tensor import DATA, LazyTensor, as_value
+from ir_runtime._frontend.recording._tensor import _PLAIN_DISPATCH, DATA, LazyTensor, as_value
 from ir_runtime._frontend.recording._views import rebind, write_through
 from ir_runtime._lowering import RULES, _registry
 from ir_runtime._placement import ON_SECOND_ORDER, ORDERS
@@ -343,12 +343,21 @@ def dispatch(func, args, kwargs):
     out = func.decompose(*args, **kwargs)
     if out is not NotImplemented:
         return out
+    if not plan.op.startswith(
+        ("aten::", "prims::")
+    ) and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeExplicitAutograd"):
+        # Another library's op (torch.library.custom_op, torch_xla's xla::aot_mark_sharding)
+        # with one kernel for every device: it runs on the lazy tensors, its ops recorded.
+        return func.redispatch(_EXPLICIT, *args, **kwargs)
     _metrics.count(f"Unsupported::{plan.op}")
     raise UnsupportedOpError(
         f"ATen op {plan.op} has no lowering rule and no decomposition on the lazy device. "
         f"Report it (with the model that needs it); meanwhile compute it on CPU "
         f"(t.cpu()) or register a rule with ir_runtime.register_lowering({plan.op!r})"
     )
+
+
+_EXPLICIT = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 
 
 def _operand(x):
@@ -360,6 +369,8 @@ def _operand(x):
     gradient's device passes over tensor subclasses), for the optimizer to fail on later."""
     if type(x) is LazyTensor:  # the common case first, at as_value's cost
         return x._ir
+    if not isinstance(x, LazyTensor) and type(x).__torch_dispatch__ is not _PLAIN_DISPATCH:
+        raise _fast.ForeignTensor(type(x).__name__)  # (its own dispatch is asked next)
     if (
         isinstance(x, torch.Tensor)
         and x.requires_grad

@@ -483,11 +483,20 @@ def checking_devices():
     return checked is not None
 
 
+class ForeignTensor(Exception):
+    """An argument is a tensor of another ``__torch_dispatch__`` subclass (a wrapper such as
+    torch_xla's ``XLAShardedTensor``): this dispatch gives way to that class's."""
+
+
 def torch_dispatch(cls, func, types, args=(), kwargs=None):
-    """``LazyTensor.__torch_dispatch__``."""
-    if checked is not None:
-        return checked(cls, func, types, args, kwargs)
-    return dispatch_(cls, func, types, args, kwargs)
+    """``LazyTensor.__torch_dispatch__``; ``NotImplemented`` (torch's protocol: the next
+    subclass's ``__torch_dispatch__`` is asked) when an argument is a ``ForeignTensor``."""
+    try:
+        if checked is not None:
+            return checked(cls, func, types, args, kwargs)
+        return dispatch_(cls, func, types, args, kwargs)
+    except ForeignTensor:
+        return NotImplemented
 
 
 def dispatch(cls, func, types, args=(), kwargs=None):

@@ -214,7 +214,7 @@ class LazyStorage:
     elements, as torch places that view in a contiguous root (the view ops replayed on a meta
     tensor), so slices of one tensor are told apart and a tensor is told from its aliases."""
 
-    __slots__ = ("_root", "offset")
+    __slots__ = ("__weakref__", "_root", "offset")
 
     @property
     def device(self) -> torch.device:
@@ -270,6 +270,9 @@ def base_of(link):
     return link() if type(link) is weakref.ref else link
 
 
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
 def as_value(x) -> Value:
     """The IR value of an argument: a lazy tensor's value, or a host tensor as a parameter."""
     if type(x) is LazyTensor or isinstance(x, LazyTensor):  # the first test is the fast one
@@ -277,6 +280,8 @@ def as_value(x) -> Value:
     if isinstance(x, torch.Tensor):
         if x.device.type == "meta":
             raise UnsupportedOpError(f"a meta tensor {x.shape} reached the lazy device")
+        if type(x).__torch_dispatch__ is not _PLAIN_DISPATCH:
+            raise _fast.ForeignTensor(type(x).__name__)
         value = Value(DeviceData(shape_of(x), handle=host_numpy(x)))
         if _HOST_READS is not None:
             base = x._base

@@ -282,32 +282,25 @@ def _xla_computation_cache_is_initialized() -> bool:
 
 
 def _global_tensor_from_cpu_shards(shards, op_sharding: OpSharding, global_shape=None):
-    """A device tensor of ``global_shape`` from one CPU tensor per local device (in device id
-    order), placed as ``op_sharding`` says."""
-    import jax
-
+    """A device tensor from one padded CPU block per device (in device id order), placed as
+    ``op_sharding`` says; ``global_shape`` defaults to every block's data, padding included
+    (torch_xla's rules: ``xla_sharded_tensor.global_from_shards``)."""
     from ir_core import DeviceData, Shape, Value
-    from ir_runtime._frontend.recording._convert import host_numpy, ir_dtype
+    from ir_runtime._frontend.recording._convert import ir_dtype
     from ir_runtime._frontend.recording._tensor import wrap
+    from torch_xla.distributed.spmd.xla_sharded_tensor import global_from_shards
 
     spec = op_sharding.spec
-    if global_shape is None:
-        global_shape = tuple(shards[0].shape)
-    global_shape = tuple(global_shape)
-    sharding = spec.to_jax()
-    local = sorted(_core.local_devices(), key=lambda d: d.id)
-    if len(shards) != len(local):
-        raise ValueError(f"{len(shards)} shards for {len(local)} local devices: give one each")
-    index = sharding.addressable_devices_indices_map(global_shape)
-    arrays = []
-    for d, s in zip(local, shards, strict=False):
-        spans = zip(index[d], global_shape, strict=True)
-        want = tuple(len(range(*sl.indices(n))) for sl, n in spans)
-        block = host_numpy(s)[tuple(slice(0, w) for w in want)]
-        arrays.append(jax.device_put(block, d))
-    array = jax.make_array_from_single_device_arrays(global_shape, sharding, arrays)
-    shape = Shape(ir_dtype(shards[0].dtype), global_shape)
-    t = wrap(Value(DeviceData(shape, handle=array, sharding=spec)))
+    ids = sorted(spec.mesh.device_ids)
+    if len(shards) != len(ids):
+        raise RuntimeError(f"{len(shards)} shards for {len(ids)} devices: give one per device")
+    blocks = dict(zip(ids, shards, strict=True))
+    what = "_global_tensor_from_cpu_shards"
+    array, shape = global_from_shards(blocks, spec, global_shape, what)
+    node = DeviceData(
+        Shape(ir_dtype(shards[0].dtype), shape), handle=array, sharding=spec.evenly(shape)
+    )
+    t = wrap(Value(node))
     t._annotate(spec)
     return t
 

@@ -58,7 +58,7 @@ def xla_real_devices(devices=None) -> list[str]:
     """The runtime devices behind ``devices`` (all local ones by default): ``['CPU:0', ...]``."""
     kind = _core.device_type()
     local = _core.local_devices()
-    if devices is None or _core.is_spmd():
+    if devices is None:
         return [f"{kind}:{d.id}" for d in local]
     return [f"{kind}:{local[int(str(d).partition(':')[2] or 0)].id}" for d in devices]
 

@@ -9,6 +9,9 @@ import threading
 
 import torch
 
+import ir_runtime as irt
+from ir_runtime.torch_xla import _core
+
 
 def _place(batch, device, input_sharding):
     """``batch`` with its CPU tensors on ``device``, sharded by ``input_sharding``: one
@@ -30,9 +33,18 @@ def _place(batch, device, input_sharding):
             )
         return {k: _place(v, device, input_sharding[k]) for k, v in batch.items()}
     if type(batch) is torch.Tensor and batch.device.type == "cpu":
+        fits = isinstance(input_sharding, ShardingSpec) and input_sharding.can_apply(batch)
+        if fits and input_sharding.minibatch:
+            input_sharding.check_minibatch(batch)
+            if irt.process_count() > 1:  # this process's part of the global batch
+                return irt.from_process_local(
+                    batch, input_sharding.mesh._ir, input_sharding._spec.partition_spec
+                )
         t = batch.to(device)
-        if isinstance(input_sharding, ShardingSpec) and input_sharding.can_apply(t):
+        if fits:
             input_sharding.apply(t)
+        elif _core.is_spmd():
+            _core.replicate(t)
         return t
     if isinstance(batch, (list, tuple)):
         return type(batch)(_place(v, device, input_sharding) for v in batch)

@@ -56,9 +56,12 @@ def local_shards(t) -> list[XLAShard]:
     wanted = spec.device_indices(shape) if spec is not None else {}
     padded = spec.shard_shape(shape) if spec is not None else shape
     replica, seen = {}, {}
-    for device, block in wanted.items():  # (mesh order: replica ids count along it)
-        key = tuple(sl.indices(n)[:2] for sl, n in zip(block, shape, strict=True))
-        replica[device] = seen[key] = seen.get(key, -1) + 1
+    if spec is not None:
+        # Replica ids count, in mesh order, the devices holding the same tile: read from a
+        # shape of one element per tile (an uneven shape's empty blocks would look alike).
+        for device, block in spec.device_indices(spec.tile_dims).items():
+            key = tuple(sl.indices(n)[:2] for sl, n in zip(block, spec.tile_dims, strict=True))
+            replica[device] = seen[key] = seen.get(key, -1) + 1
     kind = _core.device_type()
     out = []
     for s in sorted(handle.addressable_shards, key=lambda s: s.device.id):
@@ -78,6 +81,43 @@ def local_shards(t) -> list[XLAShard]:
             indices = [slice(a, b, 1) for a, b, _ in spans]
         out.append(XLAShard(block, indices, f"{kind}:{s.device.id}", replica_id))
     return out
+
+
+def global_from_shards(blocks: dict, spec, global_shape=None, what="shards"):
+    """The data of a global tensor from each device's block (``blocks``: device id -> a CPU
+    tensor of the padded block shape), placed as ``spec`` says (held evenly): torch_xla's rules.
+    Every device of ``spec``'s mesh gives one block; the blocks share one shape, the padded
+    shape of a block of ``global_shape`` (default: the blocks' shape times the tiles, padding
+    included). Returns ``(array, shape)``; raises ``RuntimeError`` naming the rule broken."""
+    from ir_runtime._data import put
+    from ir_runtime._frontend.recording._convert import host_numpy
+
+    ids = sorted(spec.mesh.device_ids)
+    if sorted(blocks) != ids:
+        raise RuntimeError(
+            f"{what}: {len(blocks)} blocks (devices {sorted(blocks)}) for a sharding over "
+            f"{len(ids)} devices ({ids}): give one per device"
+        )
+    shapes = {tuple(b.shape) for b in blocks.values()}
+    if len(shapes) != 1:
+        raise RuntimeError(f"{what}: blocks of several shapes {sorted(shapes)}; give one shape")
+    block_shape = shapes.pop()
+    tiles = spec.tile_dims if spec.rank is not None else (1,) * len(block_shape)
+    if global_shape is None:
+        global_shape = tuple(b * t for b, t in zip(block_shape, tiles, strict=False))
+    global_shape = tuple(int(d) for d in global_shape)
+    if len(global_shape) != len(block_shape) or spec.shard_shape(global_shape) != block_shape:
+        raise RuntimeError(
+            f"{what}: global shape {list(global_shape)} does not fit blocks of shape "
+            f"{list(block_shape)} tiled {list(tiles)} (each block is the ceiling of the global "
+            f"shape over its tiles)"
+        )
+    first = next(iter(blocks.values()))
+    host = np.zeros(global_shape, host_numpy(first).dtype)
+    for device, index in spec.device_indices(global_shape).items():
+        extent = tuple(slice(0, len(range(*sl.indices(n)))) for sl, n in zip(index, global_shape))
+        host[index] = host_numpy(blocks[device])[extent]
+    return put(host, spec.evenly(global_shape).to_jax()), global_shape
 
 
 def _padded(block: torch.Tensor, shape) -> torch.Tensor:
@@ -121,20 +161,24 @@ class XLAShardedTensor(DTensor):
         return local_shards(self.global_tensor)
 
     def load_local_shards_(self, shards) -> None:
-        """Replace the local blocks with ``shards``' data (the same devices and shapes)."""
-        import jax
-
-        from ir_runtime._frontend.recording._convert import host_numpy
+        """Replace every device's block with ``shards``' data (``XLAShard``s, one per device,
+        each of the padded block shape), as torch_xla does; a replicated tensor refuses."""
+        from ir_core import DeviceData
+        from ir_sharding import ShardingKind
 
         inner = self.global_tensor
         spec = _core.spec_of(inner)
-        by_name = {f"{_core.device_type()}:{d.id}": d for d in _core.devices()}
-        arrays = [jax.device_put(host_numpy(s.data), by_name[s.shard_device]) for s in shards]
-        sharding = spec.to_jax() if spec is not None else None
-        array = jax.make_array_from_single_device_arrays(tuple(inner.shape), sharding, arrays)
-        from ir_core import DeviceData
-
-        inner._bind(DeviceData(inner._ir.shape, handle=array, sharding=spec))
+        if spec is None or spec.kind in (ShardingKind.REPLICATED, ShardingKind.MAXIMAL):
+            raise RuntimeError(
+                "load_local_shards_ takes the blocks of a tiled tensor: this one is "
+                f"{'not sharded' if spec is None else spec.kind.name.lower()}"
+            )
+        blocks = {int(s.shard_device.rpartition(":")[2]): s.data for s in shards}
+        if len(blocks) != len(shards):
+            raise RuntimeError("load_local_shards_: two shards for one device")
+        array, _ = global_from_shards(blocks, spec, tuple(inner.shape), "load_local_shards_")
+        held = spec.evenly(tuple(inner.shape))
+        inner._bind(DeviceData(inner._ir.shape, handle=array, sharding=held))
         self._cached_spec = None
 
     @property

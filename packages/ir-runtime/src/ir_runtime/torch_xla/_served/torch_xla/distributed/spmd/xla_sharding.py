@@ -210,27 +210,55 @@ def mark_sharding(t, mesh: Mesh, partition_spec) -> XLAShardedTensor:
 
 
 def _mark(inner, spec: _IrSpec) -> None:
+    """torch_xla's rule for data: an annotation other than a replicated one is not replaced
+    by another (``clear_sharding`` first); pending values take any."""
+    from ir_core import DeviceData
     from ir_runtime._frontend.recording._api import annotate
+    from ir_sharding import ShardingKind
 
+    current = inner._spec
+    if (
+        type(inner._ir.node) is DeviceData
+        and current is not None
+        and current.kind is not ShardingKind.REPLICATED
+        and current != spec
+    ):
+        raise RuntimeError(
+            f"Existing annotation must be cleared first: the tensor's data is placed as "
+            f"{current.to_hlo_text(devices='ids')}, and mark_sharding asks for "
+            f"{spec.to_hlo_text(devices='ids')} (xs.clear_sharding(t) first, as torch_xla "
+            f"requires)"
+        )
     annotate(inner, spec)
+
+
+@torch.library.custom_op("xla::aot_mark_sharding", mutates_args=())
+def _aot_mark_sharding(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
+    """A copy of ``t`` annotated ``partition_spec`` over ``mesh`` (both as ``str`` gives
+    them): an op of its own, so AOTAutograd's graphs keep the annotation (torch_xla's op)."""
+    out = t.clone()
+    mark_sharding(out, Mesh.from_str(mesh), ast.literal_eval(partition_spec))
+    return out
+
+
+@_aot_mark_sharding.register_fake
+def _aot_mark_sharding_fake(t, mesh, partition_spec):
+    return torch.empty_like(t)
 
 
 class MarkShardingFunction(torch.autograd.Function):
     """``mark_sharding`` as an autograd function: the result and its gradient both carry the
-    annotation (``ir_runtime.mark_sharding_with_gradients``)."""
+    annotation, through ``xla::aot_mark_sharding`` (traceable by AOTAutograd)."""
 
     @staticmethod
     def forward(ctx, torch_tensor, mesh, partition_spec):
         ctx.mesh, ctx.partition_spec = mesh, partition_spec
-        out = torch_tensor.clone()
-        mark_sharding(out, mesh, partition_spec)
-        return out
+        return _aot_mark_sharding(torch_tensor, str(mesh), str(partition_spec))
 
     @staticmethod
     def backward(ctx, grad_output):
-        out = grad_output.clone()
-        mark_sharding(out, ctx.mesh, ctx.partition_spec)
-        return out, None, None
+        spec = str(ctx.partition_spec)
+        return _aot_mark_sharding(grad_output, str(ctx.mesh), spec), None, None
 
 
 def mark_sharding_with_gradients(t, mesh: Mesh, partition_spec) -> torch.Tensor:
@@ -311,9 +339,19 @@ def disable_manual_sharding(t, partition_spec, full_shape, *, mesh=None):
 
 
 def annotate_custom_sharding(t, mesh: Mesh, partition_spec):
-    """A sharding constraint on ``t``'s value as it is now (the engine's ``mark_sharding`` of
-    a pending tensor: its node is cloned with the sharding)."""
-    return mark_sharding(t, mesh, partition_spec)
+    """A sharding constraint on ``t``'s value as it is now, its data left where it is: ``t``
+    becomes the pending value of an ``ir::annotate`` node over its current value, and its
+    result lands as the constraint says."""
+    from ir_core import Generic, Value
+    from ir_runtime._frontend.recording import _fast
+
+    _check_rank(t, partition_spec)
+    inner = _lazy(t, "annotate_custom_sharding")
+    spec = mesh._spec(partition_spec)
+    v = inner._ir
+    inner._set(Value(Generic("ir::annotate", [v], [v.shape], {}, spec, _fast.origin())))
+    inner._annotate(spec)
+    return wrap_as_sharded_tensor(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
 
 
 def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
@@ -339,6 +377,17 @@ class ShardingSpec:
 
     def can_apply(self, t) -> bool:
         return len(t.shape) == len(self.partition_spec)
+
+    def check_minibatch(self, t) -> None:
+        """torch_xla's rule for ``minibatch=True``: this process's batch (dim 0) splits evenly
+        over its devices (each process feeds its own part of the global batch)."""
+        n = xr.addressable_runtime_device_count()
+        if self.minibatch and t.dim() and t.shape[0] % n:
+            raise RuntimeError(
+                f"When minibatch is configured, the per-host batch size must be divisible by "
+                f"local runtime device count. Per host input data shape = {list(t.shape)}, "
+                f"local_runtime_device_count = {n}"
+            )
 
     def apply(self, t) -> None:
         mark_sharding(t, self.mesh, self.partition_spec)
