@@ -115,7 +115,9 @@ def global_from_shards(blocks: dict, spec, global_shape=None, what="shards"):
     first = next(iter(blocks.values()))
     host = np.zeros(global_shape, host_numpy(first).dtype)
     for device, index in spec.device_indices(global_shape).items():
-        extent = tuple(slice(0, len(range(*sl.indices(n)))) for sl, n in zip(index, global_shape))
+        extent = tuple(
+            slice(0, len(range(*sl.indices(n)))) for sl, n in zip(index, global_shape, strict=True)
+        )
         host[index] = host_numpy(blocks[device])[extent]
     return put(host, spec.evenly(global_shape).to_jax()), global_shape
 
