@@ -1,95 +1,108 @@
-"""``SpmdFullyShardedDataParallel`` (torch_xla's FSDPv2): every parameter sharded over the
-mesh's ``"fsdp"`` axis on its largest dim, the module's output sharded on its batch dim; XLA
-gathers and reduce-scatters (GSPMD), as in torch_xla."""
+"""``SpmdFullyShardedDataParallel`` (torch_xla's FSDPv2): the module moved to the device,
+every parameter not sharded yet split over the mesh's ``"fsdp"`` axis on its largest dim (the
+first of equals; an uneven split is padded by XLA), and the module's output on its batch dim
+(over ``(extra_data_axis, "fsdp")`` when given); XLA gathers and reduce-scatters (GSPMD)."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn as nn
 
+import torch_xla
 import torch_xla.distributed.spmd as xs
 
 
-def _prepare_spmd_partition_spec(param, mesh, extra_data_axis=None):
-    """``"fsdp"`` (with ``extra_data_axis``) on ``param``'s largest dim that it splits evenly
-    (the first of equals), None elsewhere; a parameter no dim of which splits evenly (a bias
-    of 1) stays replicated, where torch_xla pads it: the engine splits evenly only."""
-    axes = ("fsdp", extra_data_axis) if extra_data_axis else ("fsdp",)
-    ways = 1
-    for a in axes:
-        ways *= mesh.shape()[a]
+def _prepare_spmd_partition_spec(param, extra_data_axis=None, shard_maximal=False):
+    """``"fsdp"`` on dim 0 (on the largest dim with ``shard_maximal``), ``(extra_data_axis,
+    "fsdp")`` there when given, None elsewhere; ``()`` for a 0-d tensor."""
     spec = [None] * param.dim()
-    even = [d for d in range(param.dim()) if param.shape[d] % ways == 0]
-    if even:
-        dim = max(even, key=lambda d: param.shape[d])
-        spec[dim] = axes if extra_data_axis else "fsdp"
+    if not spec:
+        return ()
+    shape = list(param.shape)
+    at = shape.index(max(shape)) if shard_maximal else 0
+    spec[at] = (extra_data_axis, "fsdp") if extra_data_axis else "fsdp"
     return tuple(spec)
 
 
+def _shard_first_output(extra_data_axis):
+    def shard(output, mesh):
+        first = None
+        if isinstance(output, torch.Tensor):
+            first = output
+        elif isinstance(output, tuple) and output:
+            first = output[0] if isinstance(output[0], torch.Tensor) else None
+            warnings.warn(
+                "The output is a tuple, but only the first element is sharded. If this is not "
+                "intended, please provide your own shard_output callable.",
+                stacklevel=3,
+            )
+        if first is None:
+            raise RuntimeError(
+                f"The output type is not supported: {type(output)}. Please provide your own "
+                f"shard_output callable."
+            )
+        xs.mark_sharding(first, mesh, _prepare_spmd_partition_spec(first, extra_data_axis))
+
+    return shard
+
+
 class SpmdFullyShardedDataParallel(nn.Module):
-    """Wrap ``module``: shard its parameters (those not sharded by a wrapped child) over
-    ``mesh``'s ``"fsdp"`` axis, and its output on dim 0 (``shard_output(output, mesh)``
-    instead, for an output that is not a tensor or a tuple led by one).
-    ``auto_wrap_policy`` wraps submodules first (torch's policies, ``fsdp.wrap``)."""
+    """Wrap ``module`` (moved to the device): shard its parameters that carry no sharding yet
+    (those of wrapped children do) over ``mesh``'s ``"fsdp"`` axis, and its output as
+    ``shard_output(output, mesh)`` does (default: the output, or a tuple's first element, on
+    its batch dim). ``auto_wrap_policy`` wraps submodules first (torch's policies,
+    ``fsdp.wrap``), with ``auto_wrapper_callable`` or this class."""
 
     def __init__(
         self,
         module: nn.Module,
-        *args,
+        *,
         mesh=None,
         shard_output=None,
         auto_wrap_policy=None,
         auto_wrapper_callable=None,
-        extra_data_parallel_axis=None,
-        **kwargs,
+        extra_data_axis=None,
     ):
         if isinstance(module, SpmdFullyShardedDataParallel):
             raise RuntimeError("Cannot wrap a module that is already wrapped with FSDP.")
-        super().__init__()
+        forward = getattr(getattr(module, "forward", None), "__func__", None)
+        if forward is None or forward is nn.Module.forward:
+            raise RuntimeError(
+                "The module wrapped by FSDP *must define a `forward` method and call it during "
+                "the module's forward pass for FSDP to work correctly.* (not an nn.ModuleList "
+                "or nn.ModuleDict)"
+            )
         mesh = mesh if mesh is not None else xs.get_global_mesh()
         if mesh is None:
             raise ValueError(
-                "SpmdFullyShardedDataParallel needs a mesh: mesh=, or xs.set_global_mesh"
+                "No mesh is provided and no global mesh is set. Please provide a mesh."
             )
         if "fsdp" not in (mesh.axis_names or ()):
-            raise ValueError(f"The mesh must have an axis named 'fsdp', got {mesh.axis_names}")
-        if extra_data_parallel_axis and extra_data_parallel_axis not in mesh.axis_names:
-            raise ValueError(
-                f"The provided ddp axis is not in the mesh. ({extra_data_parallel_axis!r}, "
-                f"mesh axes {mesh.axis_names})"
-            )
+            raise ValueError("The mesh must have an axis named 'fsdp'.")
+        if extra_data_axis and extra_data_axis not in mesh.axis_names:
+            raise ValueError(f"The provided {extra_data_axis} axis is not in the mesh.")
+        super().__init__()
         if auto_wrap_policy is not None:
             from torch.distributed.fsdp.wrap import _recursive_wrap
-
-            def wrapper(m, **kw):
-                if auto_wrapper_callable is not None:
-                    return auto_wrapper_callable(m, **kw)
-                return SpmdFullyShardedDataParallel(m, **kw)
 
             _recursive_wrap(
                 module,
                 auto_wrap_policy,
-                wrapper,
+                auto_wrapper_callable or SpmdFullyShardedDataParallel,
                 ignored_modules=set(),
                 ignored_params=set(),
                 only_wrap_children=True,
                 mesh=mesh,
                 shard_output=shard_output,
-                extra_data_parallel_axis=extra_data_parallel_axis,
             )
-        self._orig_module = module
+        self._orig_module = module.to("xla")
         self._mesh = mesh
-        self._extra = extra_data_parallel_axis
-        self._shard_output = shard_output
-        sharded = {
-            id(p)
-            for m in module.modules()
-            if isinstance(m, SpmdFullyShardedDataParallel)
-            for p in m.parameters()
-        }
         for p in module.parameters():
-            if id(p) not in sharded:
-                xs.mark_sharding(p, mesh, _prepare_spmd_partition_spec(p, mesh, self._extra))
+            if torch_xla._XLAC._get_xla_sharding_spec(p) == "":
+                xs.mark_sharding(p, mesh, _prepare_spmd_partition_spec(p, shard_maximal=True))
+        self._shard_output = shard_output or _shard_first_output(extra_data_axis)
 
     @property
     def module(self) -> nn.Module:
@@ -101,19 +114,10 @@ class SpmdFullyShardedDataParallel(nn.Module):
         except AttributeError:
             return getattr(self._orig_module, name)
 
+    def __getitem__(self, key):
+        return self._orig_module[key]
+
     def forward(self, *args, **kwargs):
         output = self._orig_module(*args, **kwargs)
-        if self._shard_output is not None:
-            self._shard_output(output, self._mesh)
-            return output
-        first = output if isinstance(output, torch.Tensor) else None
-        if first is None and isinstance(output, (tuple, list)) and output:
-            first = output[0] if isinstance(output[0], torch.Tensor) else None
-        if first is None:
-            raise NotImplementedError(
-                f"SpmdFullyShardedDataParallel cannot shard an output of type "
-                f"{type(output).__name__}: pass shard_output=fn(output, mesh)"
-            )
-        batch = ("fsdp", self._extra) if self._extra else "fsdp"
-        xs.mark_sharding(first, self._mesh, (batch,) + (None,) * (first.dim() - 1))
+        self._shard_output(output, self._mesh)
         return output

@@ -13,7 +13,9 @@ from .xla_sharding import Mesh, ShardingType, mark_sharding
 
 
 def auto_policy(mod_name, mod, mesh):
-    """torch_xla's partition function for auto-sharding: annotates nothing."""
+    """torch_xla's partition function for auto-sharding (``use_spmd(auto=True)``): refused,
+    as auto-sharding is not available here."""
+    xr.use_spmd(auto=True)
 
 
 def convert_to_xla_mesh(dt_mesh) -> Mesh:

@@ -298,6 +298,8 @@ def wrap_as_sharded_tensor(t, mesh_shape=None, partition_spec=None) -> XLASharde
         t.mesh_shape = mesh_shape
     if partition_spec is not None:
         t.partition_spec = partition_spec
+    if mesh_shape is not None or partition_spec is not None:
+        t.invalidate_spec_cache()
     return t
 
 
