@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 
 import jax
@@ -22,9 +23,17 @@ from ir_runtime._placement import Program
 def put(host: np.ndarray, sharding):
     """A host array placed on ``sharding``. Over devices of several processes, each process
     places only the blocks its own devices hold (every process passes the same array).
-    ``OutboundData`` records the bytes (torch_xla's metric)."""
+    ``OutboundData`` records the bytes, ``TransferToDeviceTime`` the time (torch_xla's
+    metrics)."""
+    start = time.perf_counter()
+    try:
+        return _put(host, sharding)
+    finally:
+        _metrics.transferred(getattr(host, "nbytes", 0), time.perf_counter() - start)
+
+
+def _put(host: np.ndarray, sharding):
     enable_x64()
-    _metrics.record("OutboundData", getattr(host, "nbytes", 0))
     if not sharding.is_fully_addressable:
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
     if type(host) is not np.ndarray or not host.dtype.isnative:

@@ -26,8 +26,9 @@ COUNTERS = (
 )
 # Timers appear in metrics() as first recorded: LowerTime, CompileTime, ExecuteTime, GraphNodes
 # (nodes, not seconds), CacheLookupTime, TraceTime (host time between two mark_steps: recording
-# a step) and MarkStepTime; and two of sizes, as torch_xla names them: OutboundData (bytes of
-# each host -> device transfer) and InputOutputAliasCount (buffers each program took over).
+# a step), MarkStepTime and TransferToDeviceTime; and two of sizes, as torch_xla names them:
+# OutboundData (bytes of each host -> device transfer) and InputOutputAliasCount (buffers each
+# program took over).
 # Counters named "Decomposed::<op>" count ops that went through torch's decompositions (slow on
 # the tracing path: candidates for a lowering rule); "Unsupported::<op>" ops with neither.
 
@@ -48,6 +49,13 @@ def _record(name: str, value: float) -> None:
     t[1] += value
     t[2] = max(t[2], value)
     t[3] = value
+
+
+def transferred(nbytes: int, seconds: float) -> None:
+    """A host -> device transfer: ``OutboundData`` (bytes) and ``TransferToDeviceTime``."""
+    with _lock:
+        _record("OutboundData", nbytes)
+        _record("TransferToDeviceTime", seconds)
 
 
 def executed(seconds: float, donated: int) -> None:

@@ -109,11 +109,28 @@ def install(shadow: bool = False) -> None:
         del sys.modules[name]  # (a shadowed torch_xla's modules: ours are imported afresh)
     if os.environ.get(_CPU_DEVICES[1]) is None and os.environ.get(_CPU_DEVICES[0]):
         os.environ[_CPU_DEVICES[1]] = os.environ[_CPU_DEVICES[0]]
+    _from_torchrun(os.environ)
     from ir_runtime.torch_xla import _guard
 
     _guard.load()
     _xla_key_fallback()
     sys.meta_path.insert(0, _FINDER)
+
+
+def _from_torchrun(env) -> None:
+    """torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)
+    as this engine's processes: process id, count, and the coordinator ``jax.distributed``
+    starts at, on the port after ``MASTER_PORT`` (that one is torch's store). Variables the
+    engine's launcher set already win."""
+    from ir_runtime._distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+
+    if int(env.get("WORLD_SIZE") or 1) <= 1 or env.get(ENV_COORDINATOR):
+        return
+    if not (env.get("MASTER_ADDR") and env.get("MASTER_PORT") and env.get("RANK")):
+        return
+    env[ENV_COORDINATOR] = f"{env['MASTER_ADDR']}:{int(env['MASTER_PORT']) + 1}"
+    env.setdefault(ENV_NUM_PROCESSES, env["WORLD_SIZE"])
+    env.setdefault(ENV_PROCESS_ID, env["RANK"])
 
 
 _XLA_KEY: list = []  # the Library holding the XLA key's fallback, kept alive

@@ -38,7 +38,21 @@ def local_devices() -> list:
 
 
 def is_spmd() -> bool:
-    return os.environ.get("XLA_USE_SPMD", "0").lower() in ("1", "true", "yes")
+    """torch_xla's ``xr.is_spmd()``: the ``XLA_USE_SPMD`` flag as it is now."""
+    on = os.environ.get("XLA_USE_SPMD", "0").lower() in ("1", "true", "yes")
+    if on:
+        _VIRTUAL[0] = True
+    return on
+
+
+_VIRTUAL = [False]  # SPMD was switched on in this process
+
+
+def virtual_device() -> bool:
+    """Whether data goes to torch_xla's SPMD virtual device: once SPMD is on in a process it
+    stays so for data (torch_xla fixes it at ``use_spmd()``), even where the flag is cleared
+    later (torch_xla's tests clear it in their tear-down)."""
+    return is_spmd() or _VIRTUAL[0]
 
 
 # -- steps and their closures ----------------------------------------------------------------

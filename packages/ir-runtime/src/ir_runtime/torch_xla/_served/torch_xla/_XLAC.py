@@ -102,26 +102,36 @@ def _xla_clear_sharding(t) -> None:
 
 
 def _get_xla_tensor_debug_info(t) -> str:
-    """What torch_xla's debug string says of ``t``: its IR, its sharding, its data."""
-    t = _core.lazy(t)
-    lines = ["XLATensor {", f"TensorID: {id(t)}", f"Device: {t.device}", f"XLA Shape: {_shape(t)}"]
-    spec = _core.spec_of(t)
-    lines.append(f"ShardingSpec: {spec.to_hlo_text(devices='ids') if spec else 'None'}")
-    node = t._ir.node
+    """What torch_xla's debug string says of ``t``: its device (``SPMD:0``, the virtual device,
+    under SPMD), its IR, its sharding, and where its data is: still on the host (a tensor moved
+    to the device is copied there when a program or a placement first needs it, as torch_xla
+    defers it), or on the devices (``xla::device_data``)."""
+    import jax
+
     from ir_core import DeviceData
 
-    if type(node) is DeviceData:
-        lines.append("IR: None")
-        lines.append("XLAShardedData" if spec is not None else "XLAData:")
-        lines.append("  Data Device: SPMD:0" if spec is not None else f"  Data Device: {t.device}")
-        lines.append(f"  Data Shape: {_shape(t)}")
-        if spec is not None:
-            lines.append(f"  OpSharding: {spec.to_hlo_text(devices='ids')}")
-            lines.append(f"  NumShards: {len(spec.mesh.device_ids)}")
+    t = _core.lazy(t)
+    device = "SPMD:0" if _core.virtual_device() else str(t.device)
+    spec = _core.spec_of(t)
+    text = spec.to_hlo_text(devices="ids") if spec is not None else None
+    lines = ["XLATensor {", f"TensorID: {id(t)}", f"Device: {device}", f"XLA Shape: {_shape(t)}"]
+    lines.append(f"ShardingSpec: {text or 'None'}")
+    node = t._ir.node
+    on_host = None
+    if type(node) is not DeviceData:
+        lines += [f"IR: {node.op}", "XLAData: None"]
+    elif not isinstance(node.handle, jax.Array):
+        lines += ["IR: None", "XLAData: None"]
+        on_host = f"with size [{', '.join(str(d) for d in t.shape)}]"
     else:
-        lines.append(f"IR: {node.op}")
-        lines.append("XLAData: None")
-    lines.append("Tensor on host: None")
+        lines.append("IR: xla::device_data")
+        lines.append("XLAShardedData" if text is not None else "XLAData:")
+        lines.append(f"  Data Device: {device}")
+        lines.append(f"  Data Shape: {_shape(t)}")
+        if text is not None:
+            lines.append(f"  OpSharding: {text}")
+            lines.append(f"  NumShards: {len(spec.mesh.device_ids)}")
+    lines.append(f"Tensor on host: {on_host}")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -39,6 +39,7 @@ def use_spmd(auto: bool | None = False) -> None:
             "PyTorch's parallelize_module / fully_shard)"
         )
     os.environ["XLA_USE_SPMD"] = "1"
+    _core.is_spmd()  # (data goes to the virtual device from now on)
 
 
 def is_spmd() -> bool:

@@ -43,7 +43,7 @@ def _place(batch, device, input_sharding):
         t = batch.to(device)
         if fits:
             input_sharding.apply(t)
-        elif _core.is_spmd():
+        elif _core.virtual_device():
             _core.replicate(t)
         return t
     if isinstance(batch, (list, tuple)):

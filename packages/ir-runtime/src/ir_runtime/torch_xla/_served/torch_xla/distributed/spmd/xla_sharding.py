@@ -67,6 +67,7 @@ class Mesh:
         )
         names = self.axis_names or tuple(str(k) for k in range(len(self.mesh_shape)))
         self._ir = _IrMesh([int(d) for d in device_ids], self.mesh_shape, names)
+        self._specs = {}  # partition spec -> the engine's spec, made once (as torch_xla caches)
 
     def size(self):
         return int(np.prod(self.mesh_shape))
@@ -89,10 +90,20 @@ class Mesh:
         return torch_xla._XLAC.OpSharding._of(self._spec(partition_spec))
 
     def _spec(self, partition_spec) -> _IrSpec:
+        """The engine's spec of ``partition_spec`` over this mesh, made once per spec as
+        torch_xla caches its ``OpSharding`` (counted as ``CreateOpSharding``)."""
         partition_spec = _translate_named_partition_spec(self, tuple(partition_spec))
-        if len(partition_spec) == 0 or all(p is None for p in partition_spec):
-            return _IrSpec.replicated(self._ir)
-        return _IrSpec(self._ir, partition_spec)
+        made = self._specs.get(partition_spec)
+        if made is None:
+            from ir_runtime import _metrics
+
+            _metrics.count("CreateOpSharding")
+            if len(partition_spec) == 0 or all(p is None for p in partition_spec):
+                made = _IrSpec.replicated(self._ir)
+            else:
+                made = _IrSpec(self._ir, partition_spec)
+            self._specs[partition_spec] = made
+        return made
 
     def __str__(self):
         return (
