@@ -17,8 +17,8 @@ from ir_runtime.torch_xla import _core
 __version__ = "2.9.0+ir_runtime." + _irt.__version__
 
 from torch_xla import _XLAC, runtime  # noqa: F401  (torch_xla.runtime, torch_xla._XLAC)
-from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla" and xla://)
 from torch_xla.core import xla_model as _xm
+from torch_xla.distributed import xla_backend  # noqa: F401  (registers "xla" and xla://)
 
 
 def device(index: int | None = None) -> torch.device:
