@@ -50,6 +50,7 @@ def _store_address() -> tuple[str, int]:
 
 
 def _xla_rendezvous(url: str, timeout: timedelta = timedelta(minutes=5), **kwargs):
+    _core.devices()  # (the runtime starts as torch_xla's environment says, if it has not)
     rank, size = _irt.process_index(), _irt.process_count()
     if size == 1:
         store = dist.HashStore()

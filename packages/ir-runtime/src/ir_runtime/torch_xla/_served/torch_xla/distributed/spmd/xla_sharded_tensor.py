@@ -32,7 +32,7 @@ class XLAShard:
     def unpadded_data(self) -> torch.Tensor:
         if self.indices is Ellipsis:
             return self.data
-        return self.data[[slice(0, s.stop - s.start) for s in self.indices]]
+        return self.data[tuple(slice(0, s.stop - s.start) for s in self.indices)]
 
 
 def local_shards(t) -> list[XLAShard]:
