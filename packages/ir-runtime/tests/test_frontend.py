@@ -937,3 +937,59 @@ def test_a_subtraction_with_a_bool_operand_is_refused_as_eager_refuses_it():
                 op(irt.to_lazy(x), irt.to_lazy(y) if isinstance(y, torch.Tensor) else y)
             assert str(lazy.value) == str(eager.value)
     same(torch.sub(irt.to_lazy(f), 1), f - 1)
+
+
+@torch.library.custom_op("ir_runtime_tests::scaled_sin", mutates_args=())
+def _scaled_sin(t: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.sin(t) * scale
+
+
+@_scaled_sin.register_fake
+def _scaled_sin_fake(t, scale):
+    return torch.empty_like(t)
+
+
+def test_another_librarys_op_runs_its_kernel_on_lazy_tensors():
+    """A torch.library.custom_op (one kernel for every device) records its ops, as eager runs
+    them; an op with no kernel for this device is still refused by name."""
+    x = torch.randn(4, 3)
+    got = _scaled_sin(irt.to_lazy(x), 2.5)
+    assert isinstance(got, irt.LazyTensor)
+    torch.testing.assert_close(irt.to_torch(got), torch.sin(x) * 2.5)
+    lib = torch.library.Library("ir_runtime_tests", "FRAGMENT")
+    lib.define("cpu_only(Tensor t) -> Tensor")
+    lib.impl("cpu_only", lambda t: t + 1, "CPU")
+    with pytest.raises(irt.UnsupportedOpError, match="ir_runtime_tests::cpu_only"):
+        torch.ops.ir_runtime_tests.cpu_only(irt.to_lazy(x))
+
+
+class _Tagged(torch.Tensor):
+    """A wrapper subclass of another library: its own __torch_dispatch__ unwraps and re-wraps."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, dtype=inner.dtype, device=inner.device
+        )
+        r.inner = inner
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+
+        def unwrap(t):
+            return t.inner if isinstance(t, _Tagged) else t
+
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+        return tree_map(lambda t: _Tagged(t) if isinstance(t, torch.Tensor) else t, out)
+
+
+def test_a_foreign_wrapper_beside_a_lazy_tensor_gets_its_own_dispatch():
+    """torch's protocol: the lazy dispatch returns NotImplemented for an argument of another
+    __torch_dispatch__ class (which it cannot read as a host tensor), and that class's runs."""
+    a, b = torch.randn(3, 4), torch.randn(4, 2)
+    bias = torch.randn(2)
+    got = torch.addmm(irt.to_lazy(bias), _Tagged(irt.to_lazy(a)), irt.to_lazy(b))
+    assert isinstance(got, _Tagged) and isinstance(got.inner, irt.LazyTensor)
+    torch.testing.assert_close(irt.to_torch(got.inner), torch.addmm(bias, a, b))

@@ -178,6 +178,116 @@ def test_uneven_sharding_computes_as_eager_and_pads_its_shards():
     assert out.strip() == "ok"
 
 
+def test_dcp_checkpoints_round_trip_and_read_as_dcp_reads_them():
+    """torch_xla's CheckpointManager and planners: a sharded (uneven) model and AdamW state
+    saved (sync and async), read back by DCP's own planner into CPU tensors (the oracle),
+    restored into a model sharded another way; a checkpoint DCP wrote from CPU tensors loads
+    into sharded tensors."""
+    out = run("""
+import tempfile, numpy as np, torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch_xla, torch_xla.runtime as xr, torch_xla.distributed.spmd as xs
+import torch_xla.experimental.distributed_checkpoint as xc
+xr.use_spmd()
+dist.init_process_group("gloo", init_method="xla://")
+mesh = xs.Mesh(np.arange(8), (4, 2), ("data", "model"))
+torch.manual_seed(0)
+ref = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Linear(10, 3))
+model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Linear(10, 3)).to("xla")
+model.load_state_dict(ref.state_dict())
+xs.mark_sharding(model[0].weight, mesh, ("data", "model"))   # (10, 6): 10 over 4 uneven
+xs.mark_sharding(model[1].weight, mesh, (None, "data"))      # (3, 10): uneven
+opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+model(torch.randn(4, 6).to("xla")).sum().backward(); opt.step(); torch_xla.sync()
+d = tempfile.mkdtemp()
+ck = xc.CheckpointManager(d, save_interval=2)
+state = {"model": model.state_dict(), "optim": opt.state_dict()}
+assert ck.save(2, state)
+assert ck.save_async(4, state) and (ck.join() or True)
+print("steps", ck.all_steps())
+# DCP itself reads it into CPU tensors (the oracle)
+cpu = {"model": {k: torch.empty(v.shape, dtype=v.dtype) for k, v in model.state_dict().items()}}
+dcp.load(cpu, checkpoint_id=f"{d}/2")
+for k, v in model.state_dict().items():
+    assert torch.equal(cpu["model"][k], v.cpu()), k
+# restore into a fresh model sharded another way
+m2 = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Linear(10, 3)).to("xla")
+xs.mark_sharding(m2[0].weight, mesh, (None, "data"))
+o2 = xc.prime_optimizer(torch.optim.AdamW(m2.parameters(), lr=0.1))
+st2 = {"model": m2.state_dict(), "optim": o2.state_dict()}
+ck.restore(4, st2)
+m2.load_state_dict(st2["model"]); o2.load_state_dict(st2["optim"])
+for (k, a), b in zip(model.state_dict().items(), m2.state_dict().values()):
+    assert torch.equal(a.cpu(), b.cpu()), k
+print(torch_xla._XLAC._get_xla_sharding_spec(m2[0].weight))
+for s1, s2 in zip(opt.state.values(), o2.state.values()):
+    for k in s1: assert torch.equal(s1[k].cpu(), s2[k].cpu()), k
+# a checkpoint DCP wrote from CPU tensors loads into sharded tensors
+plain = {"model": ref.state_dict()}
+d2 = tempfile.mkdtemp(); dcp.save(plain, checkpoint_id=d2)
+m3 = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Linear(10, 3)).to("xla")
+xs.mark_sharding(m3[0].weight, mesh, ("data", "model"))
+st3 = {"model": m3.state_dict()}
+dcp.load(st3, checkpoint_id=d2, planner=xc.SPMDLoadPlanner())
+for k, v in ref.state_dict().items():
+    assert torch.equal(st3["model"][k].cpu(), v), k
+print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_gradient_accumulation_and_scan_match_eager():
+    out = run("""
+        import copy, torch, torch_xla, torch_xla.runtime as xr
+        from torch_xla.experimental.gradient_accumulation import gradient_accumulation
+        from torch_xla.experimental.scan import scan
+        torch.manual_seed(0)
+        ref = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+        model = copy.deepcopy(ref).to("xla")
+        x, y = torch.randn(4, 3, 5), torch.randn(4, 3, 2)
+        loss_fn = torch.nn.functional.mse_loss
+        total = 0.0
+        for k in range(4):  # eager: the loop torch_xla's test compares against
+            loss = loss_fn(ref(x[k]), y[k]) / 4
+            loss.backward()
+            total += loss.detach()
+        got = gradient_accumulation(lambda a, b: loss_fn(model(a), b), (x.to("xla"), y.to("xla")), model)
+        torch_xla.sync()
+        torch.testing.assert_close(got.cpu(), total)
+        for p, q in zip(ref.parameters(), model.parameters()):
+            torch.testing.assert_close(q.grad.cpu(), p.grad)
+        # scan: jax.lax.scan's contract, a cumulative sum and its squares
+        xs = torch.randn(6, 3)
+        def step(c, v):
+            c = c + v
+            return c, c * c
+        carry, ys = scan(step, torch.zeros(3).to("xla"), xs.to("xla"))
+        torch.testing.assert_close(carry.cpu(), xs.sum(0))
+        torch.testing.assert_close(ys.cpu(), xs.cumsum(0) ** 2)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_process_groups_over_xla_rendezvous_and_the_xla_backend():
+    out = run("""
+        import torch, torch.distributed as dist, torch_xla, torch_xla.runtime as xr
+        dist.init_process_group("gloo", init_method="xla://")
+        assert dist.get_rank() == 0 and dist.get_world_size() == 1
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0, 1.0]
+        dist.destroy_process_group()
+        xr.use_spmd()
+        try:
+            dist.init_process_group("xla", init_method="xla://")
+        except AssertionError as e:
+            assert "not supported with SPMD" in str(e)
+            print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
 def test_the_readme_example_runs_as_written():
     import pathlib
     import re
