@@ -251,7 +251,8 @@ def test_gradient_accumulation_and_scan_match_eager():
             loss = loss_fn(ref(x[k]), y[k]) / 4
             loss.backward()
             total += loss.detach()
-        got = gradient_accumulation(lambda a, b: loss_fn(model(a), b), (x.to("xla"), y.to("xla")), model)
+        step = lambda a, b: loss_fn(model(a), b)
+        got = gradient_accumulation(step, (x.to("xla"), y.to("xla")), model)
         torch_xla.sync()
         torch.testing.assert_close(got.cpu(), total)
         for p, q in zip(ref.parameters(), model.parameters()):
