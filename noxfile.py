@@ -5,6 +5,8 @@ PEP 517 build) into a fresh virtualenv and runs their tests against the installe
 the source tree. Bare ``nox`` runs lint and every test session.
 """
 
+import os
+
 import nox
 
 nox.options.sessions = [
@@ -14,6 +16,7 @@ nox.options.sessions = [
     "runtime",
     "integration",
     "integration_transformers4",
+    "torch_xla_suite",
 ]
 nox.options.error_on_external_run = True
 
@@ -95,24 +98,17 @@ TORCH_XLA_SUITE = [
 @nox.session
 def torch_xla_suite(session):
     """torch_xla's own SPMD tests, unchanged, through ``python -m ir_runtime.torch_xla`` on 8
-    CPU devices (not a default session yet: it prints passed / failed / skipped while the
-    layer grows; see the ir-runtime README's "Coming from torch_xla")."""
+    CPU devices: every test passes, skips as on torch_xla's CPU CI, or is a listed known
+    failure (``integration_tests/torch_xla_suite/conftest.py`` prints them by category). The
+    graph-dump test runs apart, with the environment torch_xla's CI gives it."""
     session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH, "rich")
-    session.run(
-        "python",
-        "-m",
-        "ir_runtime.torch_xla",
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--tb=line",
-        *TORCH_XLA_SUITE,
-        *session.posargs,
-        env={"CPU_NUM_DEVICES": "8"},
-        success_codes=[0, 1],
-    )
+    pytest = ("python", "-m", "ir_runtime.torch_xla", "-m", "pytest", "-p", "no:cacheprovider")
+    dump = "integration_tests/torch_xla_suite/test/spmd/test_spmd_graph_dump.py"
+    rest = [f for f in TORCH_XLA_SUITE if f != dump]
+    session.run(*pytest, "-q", *rest, *session.posargs, env={"CPU_NUM_DEVICES": "8"})
+    graphs = os.path.join(session.create_tmp(), "graphs.txt")
+    env = {"CPU_NUM_DEVICES": "8", "XLA_SAVE_TENSORS_FILE": graphs, "XLA_SAVE_TENSORS_FMT": "text"}
+    session.run(*pytest, "-q", dump, env=env)
 
 
 @nox.session

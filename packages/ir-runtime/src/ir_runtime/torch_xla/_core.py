@@ -72,11 +72,42 @@ def add_step_closure(closure, args=(), run_async=False) -> None:
 
 def sync(wait: bool = False) -> None:
     """torch_xla's ``sync``/``mark_step``: run what the live tensors wait for, then the step's
-    closures (in the order they were added; their errors propagate, as torch_xla's do)."""
+    closures (in the order they were added; their errors propagate, as torch_xla's do). With
+    ``XLA_SAVE_TENSORS_FILE`` set, the step's graph is appended to that file first."""
+    if os.environ.get("XLA_SAVE_TENSORS_FILE"):
+        save_tensors_graph(os.environ["XLA_SAVE_TENSORS_FILE"])
     irt.mark_step()
     if wait:
         irt.wait_device_ops()
     run_closures()
+
+
+def save_tensors_graph(path: str) -> None:
+    """torch_xla's graph dump (``XLA_SAVE_TENSORS_FILE``, ``XLA_SAVE_TENSORS_FMT``): the
+    pending graph of the live tensors, appended to ``path`` + ``.<ordinal>`` between
+    ``## BEGIN_GRAPH`` and ``## END_GRAPH``; as ``text`` (the engine's IR, the default),
+    ``dot`` or ``hlo`` (StableHLO, followed by each output's sharding between
+    ``#OUTPUT_SHARDING_BEGIN`` and ``#OUTPUT_SHARDING_END``)."""
+    import traceback
+
+    from ir_core import DeviceData
+    from ir_runtime._frontend import inspect
+
+    tensors = [t for t in inspect.live_tensors() if type(t._ir.node) is not DeviceData]
+    if not tensors:
+        return
+    fmt = os.environ.get("XLA_SAVE_TENSORS_FMT", "text")
+    graph = irt.dump(tensors, {"hlo": "stablehlo", "dot": "dot"}.get(fmt, "text"))
+    frames = "".join(f"  {f.name} ({f.filename}:{f.lineno})\n" for f in traceback.extract_stack())
+    lines = ["[ScheduleSyncTensorsGraph]", "TensorsGraphInfo:", frames, "## BEGIN_GRAPH", graph]
+    lines += ["## END_GRAPH", ""]
+    if fmt == "hlo":
+        specs = [spec_of(t) for t in tensors]
+        lines += ["#OUTPUT_SHARDING_BEGIN", ""]
+        lines += [s.to_hlo_text(devices="ids") if s is not None else "" for s in specs]
+        lines += ["#OUTPUT_SHARDING_END", ""]
+    with open(f"{path}.{irt.process_index()}", "a") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def run_closures() -> None:
