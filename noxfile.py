@@ -180,6 +180,7 @@ def bench(session):
         ("bench_memory", "ir-memory"),
         ("bench_checkpoints", "ir-checkpoints"),
         ("bench_manual", "ir-manual"),
+        ("bench_torch_xla", "ir-torch-xla"),
     ):
         session.run("python", f"{RUNTIME}/bench/{name}.py", "--json", f".bench/{out}.json")
 
