@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import torch
-
 import torch_xla_train as script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,8 +32,15 @@ def test_a_torch_xla_training_script_gives_eagers_losses():
     env = dict(os.environ, CPU_NUM_DEVICES="8")
     env.pop("IR_RUNTIME_CPU_DEVICES", None)
     done = subprocess.run(
-        [sys.executable, "-m", "ir_runtime.torch_xla", os.path.join(HERE, "torch_xla_train.py")]
-        + ["--steps", str(STEPS), "--warmup", "1"],
+        [
+            *(
+                sys.executable,
+                "-m",
+                "ir_runtime.torch_xla",
+                os.path.join(HERE, "torch_xla_train.py"),
+            ),
+            *("--steps", str(STEPS), "--warmup", "1"),
+        ],
         env=env,
         capture_output=True,
         text=True,

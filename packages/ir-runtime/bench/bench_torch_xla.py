@@ -32,9 +32,9 @@ def native(steps: int, warmup: int, compiled: bool) -> dict:
     """The same training, written against ir_runtime's API."""
     import numpy as np
     import torch
+    import torch_xla_train as script
 
     import ir_runtime as irt
-    import torch_xla_train as script
 
     irt.init(cpu_devices=8)
     mesh = irt.Mesh(np.arange(8), (8,), ("fsdp",))
@@ -117,8 +117,9 @@ def main():
     print(f"{'ir_runtime API (mark_step)':40s}{t_own * 1e3:12.1f}")
     print(f"{'ir_runtime API (compile_step replay)':40s}{replay['step_seconds'] * 1e3:12.1f}")
     print(f"torch_xla / ir_runtime (median of {args.rounds} rounds): {ratio:.3f}x (target <= 1.05)")
-    import benchjson
     import torch
+
+    import benchjson
 
     benchjson.write(
         args.json,
