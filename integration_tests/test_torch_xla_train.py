@@ -12,6 +12,7 @@ import torch
 import torch_xla_train as script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "torch_xla_train.py")
 STEPS = 4
 
 
