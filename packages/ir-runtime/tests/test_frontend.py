@@ -146,14 +146,16 @@ def test_dispatch_takes_a_list_of_arguments_as_torch_would_a_tuple():
         same(out, torch.tensor([-2.0, -4.0]))
 
 
-@torch.library.custom_op("ir_runtime_test::twice", mutates_args=())
-def _twice(x: torch.Tensor) -> torch.Tensor:
-    return x * 2
+# An op of this test's own with kernels for the CPU and for shapes only: nothing the lazy
+# device can run (an op with one kernel for every device runs it: the last tests of this file).
+_TEST_LIB = torch.library.Library("ir_runtime_test", "FRAGMENT")
+_TEST_LIB.define("twice(Tensor x) -> Tensor")
+_TEST_LIB.impl("twice", lambda x: x * 2, "CPU")
+_TEST_LIB.impl("twice", lambda x: torch.empty_like(x), "Meta")
 
 
-@_twice.register_fake
-def _(x):
-    return torch.empty_like(x)
+def _twice(x):
+    return torch.ops.ir_runtime_test.twice(x)
 
 
 def test_a_rule_registered_after_an_op_was_refused_is_used_from_then_on():
