@@ -20,16 +20,6 @@ KNOWN_FAILURES = {
         "the samples address the storage of a larger tensor the input is a view of; a lazy "
         "tensor is its own contiguous storage, so eager itself raises on a copy of the input",
     ),
-    "nn.functional.linear_cross_entropy.chunked": (
-        "values",
-        "torch_nn::_linear_cross_entropy_batch_chunked is a custom op whose only kernels are "
-        "torch's in-place CPU/CUDA loops; the unchunked form (nn.functional.linear_cross_entropy) "
-        "passes",
-    ),
-    "nn.functional.linear_cross_entropy.chunked_none": (
-        "values",
-        "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction: as the chunked variant",
-    ),
 }
 
 _LSTSQ_TALL = (
@@ -48,10 +38,4 @@ ALL_SAMPLES_FAILURES: dict = {
 # docstring: they pass by being nearer float64's result than eager's).
 BFLOAT16_FAILURES = {
     "chalf": KNOWN_FAILURES["chalf"],
-    "nn.functional.linear_cross_entropy.chunked": KNOWN_FAILURES[
-        "nn.functional.linear_cross_entropy.chunked"
-    ],
-    "nn.functional.linear_cross_entropy.chunked_none": KNOWN_FAILURES[
-        "nn.functional.linear_cross_entropy.chunked_none"
-    ],
 }

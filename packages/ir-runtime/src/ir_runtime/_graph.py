@@ -40,10 +40,11 @@ def _out_specs(pins, roots) -> list:
             raise LoweringError(
                 f"out_shardings has {len(pins)} entries for {len(roots)} roots; give one per root"
             )
-        for k, (spec, pin) in enumerate(zip(own, pins, strict=True)):
+        for k, (spec, pin, r) in enumerate(zip(own, pins, roots, strict=True)):
             if spec is None and pin is not None:
                 if pin is not REPLICATED:
                     specs_of(pin)  # a ShardingSpec, or a clear error
+                    pin.check_rank(len(r.shape.dims), f"root {k} ({r.shape})")
                 own[k] = pin
     return [
         s if s is None or s is REPLICATED else s.evenly(r.shape.dims)
