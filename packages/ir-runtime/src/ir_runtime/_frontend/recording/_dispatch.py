@@ -343,9 +343,10 @@ def dispatch(func, args, kwargs):
     out = func.decompose(*args, **kwargs)
     if out is not NotImplemented:
         return out
-    if not plan.op.startswith(
-        ("aten::", "prims::")
-    ) and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeExplicitAutograd"):
+    explicit = torch._C._dispatch_has_kernel_for_dispatch_key(
+        func.name(), "CompositeExplicitAutograd"
+    )
+    if explicit and not plan.op.startswith(_NOT_KERNELS):
         # Another library's op (torch.library.custom_op, torch_xla's xla::aot_mark_sharding)
         # with one kernel for every device: it runs on the lazy tensors, its ops recorded.
         return func.redispatch(_EXPLICIT, *args, **kwargs)
@@ -357,7 +358,22 @@ def dispatch(func, args, kwargs):
     )
 
 
+# (An alias key is no member of a keyset: redispatching on this empty one reaches the op's
+# CompositeExplicitAutograd kernel through the dispatcher's fallback slot.)
 _EXPLICIT = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+# Namespaces whose device-wide kernels must not run on lazy tensors: ATen's and prims' (lowered
+# or decomposed), and torch's collectives, symmetric memory, inductor and RNG primitives, whose
+# kernels talk to a process group or a real device (refused by name instead).
+_NOT_KERNELS = (
+    "aten::",
+    "prims::",
+    "_c10d_functional",
+    "c10d::",
+    "_dtensor::",
+    "symm_mem::",
+    "inductor::",
+    "rngprims::",
+)
 
 
 def _operand(x):
