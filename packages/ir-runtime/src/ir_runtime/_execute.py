@@ -34,7 +34,7 @@ def reshard(h, sharding, copy: bool = False):
         # process-local array (a parameter before its first step) goes through the host.
         return put(np.asarray(h), sharding)
     out = jax.device_put(h, sharding)
-    if copy and isinstance(h, jax.Array) and _buffers(out) & _buffers(h):
+    if copy and _buffers(out) & _buffers(h):
         # (device_put keeps a shard's buffer even with may_alias=False: one device's data,
         # replicated over a mesh that includes it)
         out = jnp.copy(out)
