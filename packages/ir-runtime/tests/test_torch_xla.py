@@ -289,6 +289,90 @@ def test_process_groups_over_xla_rendezvous_and_the_xla_backend():
     assert out.strip() == "ok"
 
 
+def test_manual_regions_compute_as_eager_with_collectives_and_gradients():
+    out = run("""
+        import numpy as np, torch, torch_xla, torch_xla.runtime as xr
+        import torch_xla.core.xla_model as xm, torch_xla.distributed.spmd as xs
+        from ir_sharding import ShardingError
+        xr.use_spmd()
+        mesh = xs.Mesh(np.arange(8), (2, 4), ("x", "y"))
+        xs.set_global_mesh(mesh)
+        torch.manual_seed(0)
+        a, b = torch.randn(8, 16), torch.randn(4)
+        # blocks of (2, 4): device (i, j) holds a[4i:4i+4, 4j:4j+4]; b is read from outside
+        m = xs.enable_manual_sharding(a.to("xla"), ("x", "y")).global_tensor
+        assert m.shape == (4, 4)
+        along_y = [[0, 1, 2, 3], [4, 5, 6, 7]]
+        r = xm.all_reduce(xm.REDUCE_SUM, m * b.to("xla"), scale=0.5, groups=along_y)
+        o = xs.disable_manual_sharding(r, ("x", "y"), (8, 16)).global_tensor
+        blocks = (a * b.repeat(4)).reshape(2, 4, 4, 4)  # [i, row, j, col]
+        want = (blocks.sum(2, keepdim=True) * 0.5).expand(2, 4, 4, 4).reshape(8, 16)
+        torch.testing.assert_close(o.cpu(), want)
+        # max over the x groups; a gather and a scatter along y, in the groups' order
+        m = xs.enable_manual_sharding(a.to("xla"), ("x", "y")).global_tensor
+        along_x = [[0, 4], [1, 5], [2, 6], [3, 7]]
+        mx = xm.all_reduce(xm.REDUCE_MAX, m, groups=along_x)
+        o = xs.disable_manual_sharding(mx, (None, "y"), (4, 16)).global_tensor
+        torch.testing.assert_close(o.cpu(), torch.maximum(a[:4], a[4:]))
+        g = xm.all_gather(m, dim=1, groups=along_y)
+        assert g.shape == (4, 16)
+        o = xs.disable_manual_sharding(g, ("x", None), (8, 16)).global_tensor
+        torch.testing.assert_close(o.cpu(), a)
+        s = xm.reduce_scatter(xm.REDUCE_SUM, m, 1.0, 0, 4, groups=along_y)
+        assert s.shape == (1, 4)
+        o = xs.disable_manual_sharding(s, ("x", "y"), (2, 16)).global_tensor
+        # device (i, j) holds row j of the sum over its row's 4 blocks
+        rows = a.reshape(2, 4, 4, 4).sum(2)  # [i, row, col]
+        want = torch.cat([torch.cat([rows[i, j] for j in range(4)])[None] for i in range(2)])
+        torch.testing.assert_close(o.cpu(), want)
+        # gradients through a region, against eager's
+        w = torch.randn(8, 8, requires_grad=True)
+        c = torch.randn(8, 8)
+        xw = w.detach().to("xla").requires_grad_()
+        m = xs.enable_manual_sharding(xw, ("x", None)).global_tensor
+        y = xm.all_reduce(xm.REDUCE_SUM, (m * m).sin(), groups=along_x)
+        o = xs.disable_manual_sharding(y, ("x", None), (8, 8)).global_tensor
+        (o * c.to("xla")).sum().backward()
+        h = (w * w).sin()
+        (torch.cat([h[:4] + h[4:]] * 2) * c).sum().backward()
+        torch.testing.assert_close(xw.grad.cpu(), w.grad)
+        # a step leaves an open region pending; reading inside it is refused, closing works
+        m = xs.enable_manual_sharding(a.to("xla"), ("x", "y")).global_tensor
+        n = m + 1
+        xm.mark_step()
+        try:
+            n.cpu()
+            raise AssertionError("read an open region")
+        except ShardingError as e:
+            assert "inside a manual region" in str(e), e
+        o = xs.disable_manual_sharding(n * 2, ("x", "y"), (8, 16)).global_tensor
+        torch.testing.assert_close(o.cpu(), (a + 1) * 2)
+        # refusals, each naming the rule
+        def refused(kind, fn, words):
+            try:
+                fn()
+            except kind as e:
+                assert words in str(e), e
+            else:
+                raise AssertionError(words)
+        plain = torch.zeros(8, 8).to("xla")
+        refused(RuntimeError, lambda: torch_xla._XLAC._spmd_full_to_shard_shape(plain),
+                "not sharded")
+        refused(RuntimeError, lambda: xs._mark_manual_sharding(plain), "holds data")
+        m = xs.enable_manual_sharding(a.to("xla"), ("x", "y")).global_tensor
+        refused(ShardingError, lambda: xm.all_reduce(xm.REDUCE_SUM, m, groups=[[0, 1], [2, 3]]),
+                "not the device groups")
+        refused(ShardingError, lambda: xs.disable_manual_sharding(m, ("x", "y"), (8, 8)),
+                "not the full shape")
+        v = torch.randn(4, 4).to("xla").requires_grad_()
+        refused(ShardingError,
+                lambda: xs.disable_manual_sharding(m * v, ("x", "y"), (8, 16)).global_tensor,
+                "from outside it, and it requires grad")
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
 def test_the_readme_example_runs_as_written():
     import pathlib
     import re

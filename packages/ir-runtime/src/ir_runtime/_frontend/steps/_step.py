@@ -322,6 +322,8 @@ def materialize(t: LazyTensor) -> DeviceData:
     stopping flag per token runs one token's program per read, not everything so far)."""
     no_region("reads a value to the host (.item(), a Python if on a tensor)")
     if pending(t):
+        if EAGER_REGIONS[0] is not None:
+            EAGER_REGIONS[0][1](t)
         busy, held = split_live()
         tensors = [t] if SET_ASIDE and _set_aside(t) else _sharing(t, busy)
         _metrics.count("HostRead")
@@ -336,9 +338,15 @@ def materialize(t: LazyTensor) -> DeviceData:
     return t._ir.node
 
 
+# Once an eager manual region has been opened (``regions._eager``): (split, check_readable),
+# which keep a step from computing, and a read from reading, a tensor inside an open region.
+EAGER_REGIONS: list = [None]
+
+
 def split_live() -> tuple[list, set]:
-    """The live pending tensors, oldest first (but those set aside), and the ids of the data
-    the others hold or read (a tensor set aside still needs what its value reads)."""
+    """The live pending tensors, oldest first (but those set aside, and those inside an open
+    eager manual region), and the ids of the data the others hold or read (a tensor left out
+    still needs what its value reads)."""
     busy, held = [], set()
     aside = []
     for t in live():
@@ -351,9 +359,13 @@ def split_live() -> tuple[list, set]:
             aside.append(t._ir)
         else:
             busy.append(t)
+    if EAGER_REGIONS[0] is not None:
+        busy, manual = EAGER_REGIONS[0][0](busy)
+        aside += [t._ir for t in manual]
     if SET_ASIDE:
         for k in [k for k, (ref, _) in SET_ASIDE.items() if ref() is None]:
             del SET_ASIDE[k]
+    if aside:
         held |= data_read(aside)
     return busy, held
 

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec
 
 from ir_core import DeviceData, post_order
 from ir_runtime import _lower, _runtime_checks
+from ir_runtime._errors import LoweringError
 from ir_runtime._jaxapi import all_gather_invariant
 from ir_runtime._lowering._registry import register
 from ir_runtime._lowering.random import fold_key
@@ -207,3 +208,13 @@ def _ppermute(node, x):
 @register("ir::axis_index")
 def _axis_index(node):
     return lax.axis_index(node.attrs["axes"]).astype(jnp.int32)
+
+
+@register("ir::full_to_shard")
+def _full_to_shard(node, x):
+    # Only inside a closed region (lifted into ir::shard_map, where it is the body's input).
+    raise LoweringError(
+        f"a tensor {list(node.shapes[0].dims)} inside an open manual region "
+        f"(enable_manual_sharding) reached a program; it holds one device's block, so only "
+        f"the region's result (disable_manual_sharding) can be computed"
+    )

@@ -9,8 +9,10 @@ import re
 import numpy as np
 
 import ir_runtime as _irt
+from ir_runtime._frontend.regions import _eager
 from ir_runtime.torch_xla import _core
 from ir_sharding import Mesh as _IrMesh
+from ir_sharding import ShardingError as _ShardingError
 from ir_sharding import ShardingKind as _Kind
 from ir_sharding import ShardingSpec as _IrSpec
 
@@ -40,10 +42,10 @@ class OpSharding:
 def _from_tiles(tiles, groups, replication_groups, kind: int) -> _IrSpec:
     n = len(_core.devices())
     everyone = _IrMesh(list(range(n)), (n,), ("all",))
-    if kind == 0 or (kind == 1 and n == 1) or not tiles:
-        return _IrSpec.replicated(everyone)
     if kind == 4:
         return _IrSpec.manual(everyone)
+    if kind == 0 or (kind == 1 and n == 1) or not tiles:
+        return _IrSpec.replicated(everyone)
     tiles = np.asarray(tiles)
     if kind == 1:
         return _IrSpec.maximal(everyone, int(tiles.flatten()[0]))
@@ -176,6 +178,13 @@ def _get_xla_tensors_hlo(tensors) -> str:
 
     from ir_runtime._lower import lower
 
+    for t in tensors:
+        if _eager.region_mesh(_core.lazy(t)) is not None:
+            raise _ShardingError(
+                f"_get_xla_tensors_hlo: the tensor {list(t.shape)} is inside a manual region "
+                f"still open (enable_manual_sharding); the region becomes a program when it "
+                f"closes (disable_manual_sharding): ask for the HLO of its result"
+            )
     text = lower(_roots(tensors))
     computation = _jax.mlir.mlir_module_to_xla_computation(
         text, use_tuple_args=False, return_tuple=False
@@ -315,19 +324,66 @@ def _global_tensor_from_cpu_shards(shards, op_sharding: OpSharding, global_shape
     return t
 
 
-def _manual(name: str):
-    """A call of an eager manual region: refused (``xla_sharding._manual_unsupported``)."""
-
-    def refuse(*args, **kwargs):
-        from torch_xla.distributed.spmd.xla_sharding import _manual_unsupported
-
-        _manual_unsupported(f"_XLAC.{name}")
-
-    refuse.__name__ = name
-    return refuse
+# -- eager manual regions (the engine's ``regions._eager``) ------------------------------------
 
 
-_spmd_full_to_shard_shape = _manual("_spmd_full_to_shard_shape")
-_spmd_shard_to_full_shape = _manual("_spmd_shard_to_full_shape")
-_xla_spmd_all_reduce = _manual("_xla_spmd_all_reduce")
-_xla_spmd_reduce_scatter = _manual("_xla_spmd_reduce_scatter")
+def _spmd_full_to_shard_shape(t):
+    """The block of ``t`` each device holds, opening a manual region; ``t`` must be sharded."""
+    x = _core.lazy(t)
+    spec = _core.spec_of(x)
+    if spec is None or spec.kind is _Kind.MANUAL:
+        raise RuntimeError(
+            f"_spmd_full_to_shard_shape: the tensor {list(x.shape)} is not sharded; "
+            f"mark_sharding it first"
+        )
+    return _eager.full_to_shard(x, spec, "_spmd_full_to_shard_shape")
+
+
+def _spmd_shard_to_full_shape(t, op_sharding: OpSharding, full_shape, dtype):
+    """The devices' blocks ``t`` (marked manual) as one tensor of ``full_shape`` placed as
+    ``op_sharding``, closing the region."""
+    x = _core.lazy(t)
+    if dtype is not None and dtype != x.dtype:
+        raise ValueError(
+            f"_spmd_shard_to_full_shape: dtype {dtype} differs from the tensor's {x.dtype}"
+        )
+    return _eager.shard_to_full(x, op_sharding.spec, full_shape, "_spmd_shard_to_full_shape")
+
+
+def _mark_manual_sharding(t, op_sharding: OpSharding) -> None:
+    if op_sharding.spec.kind is not _Kind.MANUAL:
+        raise RuntimeError(f"_mark_manual_sharding takes a manual OpSharding, got {op_sharding}")
+    _eager.mark_manual(_core.lazy(t), op_sharding.spec.mesh)
+
+
+_REDUCE = {"sum": "sum", "max": "max", "min": "min"}
+
+
+def _reduce(reduce_type, what: str) -> str:
+    op = _REDUCE.get(reduce_type)
+    if op is None:
+        raise NotImplementedError(
+            f"{what}: reduce_type {reduce_type!r} inside a manual region; the engine reduces "
+            f"with 'sum', 'max' or 'min'"
+        )
+    return op
+
+
+def _scaled(t, scale):
+    return t if scale == 1.0 else t * scale
+
+
+def _xla_spmd_all_reduce(reduce_type, input, scale, groups):
+    """``input`` (inside a manual region) reduced over the devices of each group, times
+    ``scale``."""
+    what = "_xla_spmd_all_reduce"
+    return _scaled(_eager.collective(_reduce(reduce_type, what), input, groups, what), scale)
+
+
+def _xla_spmd_reduce_scatter(reduce_type, input, scale, scatter_dim, shard_count, groups):
+    what = "_xla_spmd_reduce_scatter"
+    if _reduce(reduce_type, what) != "sum":
+        raise NotImplementedError(f"{what}: reduce_type {reduce_type!r}; the engine scatters sums")
+    if groups and len(groups[0]) != shard_count:
+        raise ValueError(f"{what}: shard_count {shard_count} but groups of {len(groups[0])}")
+    return _scaled(_eager.collective("reduce_scatter", input, groups, what, scatter_dim), scale)

@@ -9,6 +9,7 @@ import time
 import torch
 
 import ir_runtime as _irt
+import torch_xla
 from ir_runtime.torch_xla import _core
 
 REDUCE_SUM = "sum"
@@ -216,10 +217,19 @@ def optimization_barrier_(tensors) -> None:
 # -- collectives -----------------------------------------------------------------------------
 
 
+def _manual(t) -> bool:
+    """Whether ``t`` is inside an eager manual region (``xs.enable_manual_sharding``), where a
+    collective reaches across the devices of its groups."""
+    from ir_runtime._frontend.regions import _eager
+
+    return isinstance(t, torch.Tensor) and _eager.region_mesh(_core.lazy(t)) is not None
+
+
 def _collective(name: str, groups, scale: float = 1.0):
     """torch_xla's collectives across replicas. Under SPMD (one replica per process, its
-    tensors global) a collective over one replica is the tensor itself; inside a manual
-    region use the engine's (``ir_runtime.all_reduce`` over mesh axes)."""
+    tensors global) a collective over one replica is the tensor itself; on a tensor inside a
+    manual region (``xs.enable_manual_sharding``) it reaches across the devices of ``groups``
+    (mesh axes)."""
     if _runtime().process_count() > 1:
         raise NotImplementedError(
             f"xm.{name} across {_runtime().process_count()} processes: under SPMD tensors are "
@@ -234,10 +244,17 @@ def _collective(name: str, groups, scale: float = 1.0):
 
 
 def all_reduce(reduce_type, inputs, scale: float = 1.0, groups=None, pin_layout: bool = True):
-    """Over the one replica: each input (times ``scale``), as a list when given one."""
-    _collective("all_reduce", groups)
+    """Over the one replica: each input (times ``scale``), as a list when given one; inside a
+    manual region, over the devices of ``groups``."""
     if reduce_type not in (REDUCE_SUM, REDUCE_MUL, REDUCE_AND, REDUCE_OR, REDUCE_MIN, REDUCE_MAX):
         raise ValueError(f"xm.all_reduce: unknown reduce_type {reduce_type!r}")
+    if isinstance(inputs, torch.Tensor) and _manual(inputs):
+        return torch_xla._XLAC._xla_spmd_all_reduce(reduce_type, inputs, scale, groups or [])
+    if not isinstance(inputs, torch.Tensor) and any(_manual(t) for t in inputs):
+        for t in inputs:
+            t.copy_(torch_xla._XLAC._xla_spmd_all_reduce(reduce_type, t, scale, groups or []))
+        return inputs
+    _collective("all_reduce", groups)
     if isinstance(inputs, torch.Tensor):
         return inputs * scale if scale != 1.0 else inputs.clone()
     for t in inputs:
@@ -247,6 +264,14 @@ def all_reduce(reduce_type, inputs, scale: float = 1.0, groups=None, pin_layout:
 
 
 def all_gather(value, dim: int = 0, groups=None, output=None, pin_layout: bool = True):
+    if _manual(value):
+        from ir_runtime._frontend.regions import _eager
+
+        out = _eager.collective("all_gather", _core.lazy(value), groups, "xm.all_gather", dim)
+        if output is not None:
+            output.copy_(out)
+            return output
+        return out
     _collective("all_gather", groups)
     if output is not None:
         output.copy_(value)
@@ -264,6 +289,14 @@ def reduce_scatter(
     output=None,
     pin_layout: bool = True,
 ):
+    if _manual(input):
+        out = torch_xla._XLAC._xla_spmd_reduce_scatter(
+            reduce_type, input, scale, scatter_dim, shard_count, groups or []
+        )
+        if output is not None:
+            output.copy_(out)
+            return output
+        return out
     _collective("reduce_scatter", groups)
     if shard_count != 1:
         raise NotImplementedError(

@@ -329,26 +329,35 @@ def wrap_if_sharded(x):
     return x
 
 
-def _manual_unsupported(name: str):
-    raise NotImplementedError(
-        f"torch_xla.distributed.spmd.{name}: an eager manual region (tensors switched to "
-        f"per-device shards and back between ops) is not this engine's model; write the "
-        f"per-device part as a function and run it with ir_runtime.shard_map(fn, mesh, "
-        f"in_specs, out_specs), whose collectives are ir_runtime.all_reduce, all_gather, "
-        f"reduce_scatter, all_to_all and ppermute over mesh axes"
-    )
-
-
 def _mark_manual_sharding(t, user_partition_spec=None):
-    _manual_unsupported("_mark_manual_sharding")
+    """Mark ``t``'s pending value manual (each device's block): what closes a manual region
+    (``disable_manual_sharding``); a tensor holding data raises RuntimeError, as in
+    torch_xla."""
+    manual_sharding = torch_xla._XLAC.OpSharding([], [], [], ShardingType.MANUAL)
+    torch_xla._XLAC._mark_manual_sharding(unwrap_sharded_tensor(t), manual_sharding)
+    return wrap_as_sharded_tensor(t)
 
 
 def enable_manual_sharding(t, partition_spec, *, mesh=None):
-    _manual_unsupported("enable_manual_sharding")
+    """``t`` sharded as ``partition_spec`` over ``mesh`` (the global mesh by default), then
+    switched to the block each device holds: ops on the result run per device, and
+    ``xm.all_reduce`` / ``all_gather`` / ``reduce_scatter`` over device groups reach across,
+    until ``disable_manual_sharding`` (the engine records the region as one ``shard_map``)."""
+    mesh = get_global_mesh() if mesh is None else mesh
+    t = mark_sharding(unwrap_sharded_tensor(t), mesh, partition_spec)
+    t = torch_xla._XLAC._spmd_full_to_shard_shape(unwrap_sharded_tensor(t))
+    return wrap_as_sharded_tensor(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
 
 
 def disable_manual_sharding(t, partition_spec, full_shape, *, mesh=None):
-    _manual_unsupported("disable_manual_sharding")
+    """The devices' blocks ``t`` put together as a tensor of ``full_shape`` sharded as
+    ``partition_spec``: the manual region closes."""
+    mesh = get_global_mesh() if mesh is None else mesh
+    t = _mark_manual_sharding(unwrap_sharded_tensor(t))
+    t = torch_xla._XLAC._spmd_shard_to_full_shape(
+        unwrap_sharded_tensor(t), mesh.get_op_sharding(partition_spec), full_shape, t.dtype
+    )
+    return wrap_as_sharded_tensor(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
 
 
 def annotate_custom_sharding(t, mesh: Mesh, partition_spec):
