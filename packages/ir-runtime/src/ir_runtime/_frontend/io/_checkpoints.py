@@ -255,14 +255,19 @@ def _sharding_of(t: LazyTensor):
     for host data not yet placed (restored to host memory, placed by the next program as it
     would have been). A tensor a failed step set aside is not run (a restore is the way out of
     that failure): its annotation or last placement says."""
-    if _step.SET_ASIDE and _step.pending(t) and _step._set_aside(t):
-        spec = t._where()
-        return spec.to_jax() if spec is not None else None
-    h = _step.materialize(t).handle
-    if isinstance(h, jax.Array) and not _local(h):
-        return h.sharding
-    spec = t._where()
+    if not (_step.SET_ASIDE and _step.pending(t) and _step._set_aside(t)):
+        h = _step.materialize(t).handle
+        if isinstance(h, jax.Array) and not _local(h):
+            return h.sharding
+    spec = _held(t)
     return spec.to_jax() if spec is not None else None
+
+
+def _held(t: LazyTensor):
+    """``t``'s annotation or placement as its data is held (``ShardingSpec.evenly``: a dim an
+    uneven annotation splits stays whole)."""
+    spec = t._where()
+    return spec.evenly(tuple(t.shape)) if spec is not None else None
 
 
 def _value_of(array, spec) -> Value:
@@ -280,7 +285,7 @@ def _annotation(t: LazyTensor):
     annotated): a restored tensor carries the same, so that the programs it meets are those
     the running state met."""
     node = t._ir.node
-    return node.sharding if type(node) is DeviceData else t._where()
+    return node.sharding if type(node) is DeviceData else _held(t)
 
 
 class _Default:
