@@ -57,3 +57,29 @@ def test_metrics_report_names_every_counter():
         "TransferToHost",
     ]:
         assert name in report
+
+
+def test_outbound_data_counts_the_bytes_each_device_receives():
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from ir_runtime._data import put
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+    host = np.arange(64, dtype=np.float32).reshape(8, 8)
+    for spec, per_device in [
+        (PartitionSpec(), 64),  # replicated: the whole array to each of 8 devices
+        (PartitionSpec("data", "model"), 8),  # blocks of 2x4
+        (PartitionSpec("data"), 16),  # blocks of 2x8, each on the 2 devices of a model row
+    ]:
+        for _ in range(2):  # the first of its kind through jax.device_put, then the fast path
+            irt.reset_metrics()
+            a = put(host, NamedSharding(mesh, spec))
+            np.testing.assert_array_equal(np.asarray(a), host)
+            got = irt.metrics()["timers"]["OutboundData"]
+            assert (got["count"], got["total"]) == (1, 8 * per_device * 4), spec
+    with pytest.raises(ValueError):  # a transfer that fails records nothing
+        irt.reset_metrics()
+        put(np.zeros((3, 8), np.float32), NamedSharding(mesh, PartitionSpec("data")))
+    assert "OutboundData" not in irt.metrics()["timers"]

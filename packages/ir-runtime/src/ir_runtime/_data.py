@@ -23,21 +23,28 @@ from ir_runtime._placement import Program
 def put(host: np.ndarray, sharding):
     """A host array placed on ``sharding``. Over devices of several processes, each process
     places only the blocks its own devices hold (every process passes the same array).
-    ``OutboundData`` records the bytes, ``TransferToDeviceTime`` the time (torch_xla's
-    metrics)."""
+    ``OutboundData`` records the bytes sent to this process's devices (a replicated array once
+    per device, as torch_xla counts them), ``TransferToDeviceTime`` the time (torch_xla's
+    metrics); a transfer that fails records neither."""
     start = time.perf_counter()
-    try:
-        return _put(host, sharding)
-    finally:
-        _metrics.transferred(getattr(host, "nbytes", 0), time.perf_counter() - start)
+    placed, nbytes = _put(host, sharding)
+    _metrics.transferred(nbytes, time.perf_counter() - start)
+    return placed
 
 
-def _put(host: np.ndarray, sharding):
+def _sent(placed) -> int:
+    return sum(s.data.nbytes for s in placed.addressable_shards)
+
+
+def _put(host: np.ndarray, sharding) -> tuple:
+    """(the placed array, the bytes sent to this process's devices)"""
     enable_x64()
     if not sharding.is_fully_addressable:
-        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        placed = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        return placed, _sent(placed)
     if type(host) is not np.ndarray or not host.dtype.isnative:
-        return jax.device_put(host, sharding)  # jax checks (and converts) anything unusual
+        placed = jax.device_put(host, sharding)  # jax checks (and converts) anything unusual
+        return placed, _sent(placed)
     key = (host.shape, host.dtype, sharding, jax.config.jax_enable_x64)
     plan = _PUTS.get(key)
     if plan is None:
@@ -49,10 +56,15 @@ def _put(host: np.ndarray, sharding):
         # replicated: every device holds the whole array (indexing a 0-d one gives a scalar)
         slices = None if sharding.is_fully_replicated else tuple(index.values())
         _PUTS[key] = (placed.aval, list(index), slices)
-        return placed
+        return placed, _sent(placed)
     aval, devices, slices = plan
-    shards = [host] * len(devices) if slices is None else [host[i] for i in slices]
-    return batched_put(aval, sharding, shards, devices)
+    if slices is None:
+        shards = [host] * len(devices)
+        nbytes = host.nbytes * len(devices)
+    else:
+        shards = [host[i] for i in slices]
+        nbytes = sum(a.nbytes for a in shards)
+    return batched_put(aval, sharding, shards, devices), nbytes
 
 
 # (shape, dtype, sharding, x64) -> what ``put`` hands jax: a loader places batches of one shape over
