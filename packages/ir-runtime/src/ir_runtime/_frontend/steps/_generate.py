@@ -43,7 +43,8 @@ in the prefill or in a traced step), and whatever ``compile_step`` itself finds 
 4 setting layers' ``forward`` to record hidden states).
 
 ``model.generate(...)`` on a lazy model (``GenerationMixin.generate``, patched when the front
-end is installed) takes this path, with the static cache unless the call chooses a cache:
+end is installed) takes this path, as ``irt.generate`` does, with the static cache unless the
+call chooses a cache:
 eager's tokens with two or three programs for any number of tokens, where transformers' own
 loop on the lazy device compiles a program per token. Greedy decoding and sampling (with every
 logits processor, stopping criterion and streamer: they run on the host, as eager) are the
@@ -277,11 +278,16 @@ def generate(model, inputs=None, **kwargs):
         model: a transformers ``GenerationMixin`` model on the lazy device.
         inputs: the prompt's token ids, lazy or host (as ``generate``'s first argument).
         **kwargs: ``generate``'s own: ``attention_mask``, ``max_new_tokens``, ``do_sample``,
-            ``cache_implementation="static"``, ... (lazy tensors among them are read first).
+            ... (lazy tensors among them are read first); the static cache unless the call
+            chooses a cache, as ``model.generate`` on a lazy model.
 
     Returns:
         What ``generate`` returns; its token ids lazy when ``inputs`` was lazy, else on the host.
     """
+    return _generate(model, inputs, _cache_defaults(model, kwargs))
+
+
+def _generate(model, inputs, kwargs: dict):
     _refuse(model, kwargs)
     lazy_inputs = isinstance(inputs, LazyTensor) or isinstance(kwargs.get("input_ids"), LazyTensor)
     kwargs = {k: to_torch(v) for k, v in kwargs.items()}
@@ -400,7 +406,7 @@ def lazy_model_generate(original):
         bound.pop("self")
         bound.update(bound.pop("kwargs", {}))
         inputs = bound.pop("inputs", None)
-        return generate(self, inputs, **_cache_defaults(self, bound))
+        return _generate(self, inputs, _cache_defaults(self, bound))
 
     generate_._lazy = True
     return generate_
