@@ -336,6 +336,41 @@ def test_manual_regions_compute_as_eager_with_collectives_and_gradients():
         h = (w * w).sin()
         (torch.cat([h[:4] + h[4:]] * 2) * c).sum().backward()
         torch.testing.assert_close(xw.grad.cpu(), w.grad)
+        # gradients where the result is replicated over an axis its spec leaves out (jax's
+        # replication check holds: an all_gather's, a max's)
+        def grad_of(make, out_spec, full, ref):
+            w = torch.randn(8, 16, requires_grad=True)
+            c = torch.randn(*full)
+            xw = w.detach().to("xla").requires_grad_()
+            m = xs.enable_manual_sharding(xw, ("x", "y")).global_tensor
+            o = xs.disable_manual_sharding(make(m), out_spec, full).global_tensor
+            torch.testing.assert_close(o.cpu(), ref(w).detach())
+            (o * c.to("xla")).sum().backward()
+            (ref(w) * c).sum().backward()
+            torch.testing.assert_close(xw.grad.cpu(), w.grad)
+        grad_of(lambda m: xm.all_gather(m, dim=1, groups=along_y), ("x", None), (8, 16),
+                lambda w: w)
+        grad_of(lambda m: xm.all_reduce(xm.REDUCE_MAX, m, groups=along_x), (None, "y"),
+                (4, 16), lambda w: torch.maximum(w[:4], w[4:]))
+        grad_of(lambda m: m, ("x", "y"), (8, 16), lambda w: w)  # the entry itself
+        # one that entered twice, and a step while its region is open
+        w = torch.randn(8, 16, requires_grad=True)
+        xw = w.detach().to("xla").requires_grad_()
+        m1 = xs.enable_manual_sharding(xw, ("x", "y")).global_tensor
+        m2 = xs.enable_manual_sharding(xw, ("x", "y")).global_tensor
+        xm.mark_step()
+        o = xs.disable_manual_sharding(m1 * m2, ("x", "y"), (8, 16)).global_tensor
+        o.sum().backward()
+        (w * w).sum().backward()
+        torch.testing.assert_close(xw.grad.cpu(), w.grad)
+        # two regions of one graph: a value read from outside by one, entered by the other
+        m = xs.enable_manual_sharding(a.to("xla"), ("x", "y")).global_tensor
+        o1 = xs.disable_manual_sharding(m * a[:4, :4].to("xla"), ("x", "y"), (8, 16))
+        m1 = xs.enable_manual_sharding(a.to("xla"), ("x", "y")).global_tensor
+        m2 = xs.enable_manual_sharding(w.detach().to("xla"), ("x", "y")).global_tensor
+        o2 = xs.disable_manual_sharding(m1 * m2, ("x", "y"), (8, 16))
+        torch.testing.assert_close(o1.global_tensor.cpu(), a * a[:4, :4].repeat(2, 4))
+        torch.testing.assert_close(o2.global_tensor.cpu(), a * w.detach())
         # a step leaves an open region pending; reading inside it is refused, closing works
         m = xs.enable_manual_sharding(a.to("xla"), ("x", "y")).global_tensor
         n = m + 1
@@ -362,8 +397,18 @@ def test_manual_regions_compute_as_eager_with_collectives_and_gradients():
         m = xs.enable_manual_sharding(a.to("xla"), ("x", "y")).global_tensor
         refused(ShardingError, lambda: xm.all_reduce(xm.REDUCE_SUM, m, groups=[[0, 1], [2, 3]]),
                 "not the device groups")
+        q = torch.ones(4, 4).to("xla") * 2  # (outside any region: each device's block)
+        refused(ShardingError, lambda: xs.disable_manual_sharding(q, ("x", "y"), (8, 8)),
+                "not the full shape")
+        torch.testing.assert_close((q * 2).cpu(), torch.full((4, 4), 4.0))  # q as it was
+        o = xs.disable_manual_sharding(q, ("x", "y"), (8, 16)).global_tensor
+        torch.testing.assert_close(o.cpu(), torch.full((8, 16), 2.0))
         refused(ShardingError, lambda: xs.disable_manual_sharding(m, ("x", "y"), (8, 8)),
                 "not the full shape")
+        w = torch.randn(8, 16).to("xla").requires_grad_()  # a gradient jax cannot check
+        mw = xs.enable_manual_sharding(w, ("x", "y")).global_tensor
+        refused(ShardingError, lambda: xs.disable_manual_sharding(mw, ("x", None), (8, 4)),
+                "over mesh axis 'y'")
         v = torch.randn(4, 4).to("xla").requires_grad_()
         refused(ShardingError,
                 lambda: xs.disable_manual_sharding(m * v, ("x", "y"), (8, 16)).global_tensor,

@@ -14,9 +14,11 @@ op by op:
   ``t`` is lifted into one ``ir::shard_map`` node, as ``ir_runtime.shard_map`` records it
   (the entries become the body's inputs, with their specs; anything else the body reads from
   outside, replicated), so the same lowering, gradient (``jax.vjp`` of the ``shard_map``, to
-  the tensors that entered) and compile cache serve both. As in torch_xla, nothing checks
-  that ``spec`` can hold the result (jax's ``check_vma`` is off): a block the spec says is
-  replicated is taken as it is on each device.
+  the tensors that entered) and compile cache serve both. The region is recorded under jax's
+  replication check (``check_vma``: what the result varies over against ``spec``); where it
+  refuses, torch_xla's unchecked meaning holds for values (a block the spec says is
+  replicated is taken as it is on each device), and a gradient is refused: jax's transpose
+  of an unchecked region scales cotangents by the axes the spec leaves out.
 
 A tensor inside an open region holds one device's block, which no single value stands for:
 steps leave it pending (``split``) and reading it raises ``ShardingError``. Two results of
@@ -130,7 +132,7 @@ class _Entry(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, node, entry):
-        ctx.entry = (node, x) if entry else None
+        ctx.entry = (node, x, x._version) if entry else None
         return wrap(Value(node))
 
     @staticmethod
@@ -180,6 +182,8 @@ def mark_manual(t: LazyTensor, mesh: Mesh) -> None:
             f"cannot mark the tensor {list(t.shape)} manual: it holds data (a manual "
             f"annotation marks the result of an op, inside a region)"
         )
+    if _manual(t._ir.node, t._ir.index):
+        return  # (relinking would clone an entry away from the tensors that entered it)
     _relink_annotated(t, ShardingSpec.manual(region_mesh(t) or mesh))
     _OPEN[0] = True
 
@@ -207,11 +211,20 @@ def _entered(t: LazyTensor) -> dict:
     return found
 
 
-def shard_to_full(t: LazyTensor, spec: ShardingSpec, full_shape, what: str) -> LazyTensor:
+def shard_to_full(
+    t: LazyTensor, spec: ShardingSpec, full_shape, what: str, block: bool = False
+) -> LazyTensor:
     """Close the region ``t`` (annotated manual) is in: a tensor of ``full_shape``, placed as
-    ``spec``, whose blocks are the devices' ``t``."""
+    ``spec``, whose blocks are the devices' ``t``. ``block``: take ``t`` as each device's
+    block without its annotation (what marking it manual first would say, with nothing
+    changed when this raises).
+
+    The region is recorded under jax's replication check (what each result varies over
+    against ``spec``); where that check refuses, torch_xla's unchecked meaning (each device's
+    block taken as it is) holds for values, and a gradient, which would be wrong there, is
+    refused."""
     root = t._ir
-    if not _manual(root.node, root.index):
+    if not (block or _manual(root.node, root.index)):
         raise RuntimeError(
             f"{what}: the tensor {list(t.shape)} is not manually sharded; mark it manual first "
             f"(torch_xla: _mark_manual_sharding)"
@@ -223,7 +236,7 @@ def shard_to_full(t: LazyTensor, spec: ShardingSpec, full_shape, what: str) -> L
             continue
         if n.op == ENTRY:
             entries.append(n)
-        elif n is root.node or any(id(v.node) in reached for v in n.operands):
+        elif n is root.node or _manual(n) or any(id(v.node) in reached for v in n.operands):
             inside.add(id(n))
         else:
             continue
@@ -258,9 +271,19 @@ def shard_to_full(t: LazyTensor, spec: ShardingSpec, full_shape, what: str) -> L
         pass
 
     name.__qualname__ = what
-    return _record_region(
-        name, mesh, args, out, region, free, [t], False, in_entries, sizes, _fast.origin(), False
-    )
+
+    def record(checked: bool) -> LazyTensor:
+        return _record_region(
+            name, mesh, args, out, region, free, [t], False, in_entries, sizes, origin, checked
+        )
+
+    origin = _fast.origin()
+    try:
+        return record(True)
+    except ShardingError:
+        if entered:
+            raise
+        return record(True)
 
 
 def _out_entries(spec: ShardingSpec, mesh: Mesh, rank: int, what: str) -> tuple:
@@ -313,7 +336,7 @@ def _lift(order, root, entries, inside, entered, mesh, what):
             args.append(wrap(v))
             continue
         x = got[1]
-        if x._ir.node is not v.node or x._ir.index != v.index:
+        if x._version != got[2]:  # (a step or a placement rebinds x without writing it)
             raise ShardingError(
                 f"{what}: the tensor {list(x.shape)} that entered the region requires grad "
                 f"and was written in place since; its gradient would be of another value"

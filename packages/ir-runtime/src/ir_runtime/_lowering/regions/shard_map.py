@@ -75,7 +75,9 @@ class Region:
 def add_region(region: Region) -> str:
     """Register ``region`` (or find an equal one); returns the name the node carries."""
     leaves = [*region.params, *region.free]
-    extra = f"{region.key}|{region.axes}".encode()
+    # (how many leaves are inputs: two regions of one graph, a value entering one and read
+    # from outside by the other, are two bodies)
+    extra = f"{len(region.params)}|{region.key}|{region.axes}".encode()
     return bodies.add(region, list(region.roots), "ir::shard_map", leaves, extra)
 
 

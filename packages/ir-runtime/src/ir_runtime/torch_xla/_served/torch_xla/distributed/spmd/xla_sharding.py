@@ -352,11 +352,14 @@ def enable_manual_sharding(t, partition_spec, *, mesh=None):
 def disable_manual_sharding(t, partition_spec, full_shape, *, mesh=None):
     """The devices' blocks ``t`` put together as a tensor of ``full_shape`` sharded as
     ``partition_spec``: the manual region closes."""
+    from ir_runtime._frontend.regions import _eager
+
     mesh = get_global_mesh() if mesh is None else mesh
-    t = _mark_manual_sharding(unwrap_sharded_tensor(t))
-    t = torch_xla._XLAC._spmd_shard_to_full_shape(
-        unwrap_sharded_tensor(t), mesh.get_op_sharding(partition_spec), full_shape, t.dtype
-    )
+    # torch_xla marks ``t`` manual, then closes: here ``t`` is taken as each device's block
+    # directly, so a refused call leaves ``t`` as it was
+    spec = mesh.get_op_sharding(partition_spec).spec
+    x = _core.lazy(unwrap_sharded_tensor(t))
+    t = _eager.shard_to_full(x, spec, full_shape, "disable_manual_sharding", block=True)
     return wrap_as_sharded_tensor(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
 
 
