@@ -25,6 +25,19 @@ def _matmul(node, x, y):
     return jnp.matmul(x, y, precision=_PRECISION, preferred_element_type=dt).astype(dt)
 
 
+@register("ir::dot")
+def _ir_dot(node, x, y, bias=None):
+    """Two matrices contracted over ``contract`` (a dim of each: a transposed operand's
+    transpose folded in; ``_rewrite``), plus ``addmm``'s epilogue when there is a bias."""
+    dt = out_dtype(node)
+    lc, rc = node.attrs["contract"]
+    dims = (((lc,), (rc,)), ((), ()))
+    prod = lax.dot_general(x, y, dims, precision=_PRECISION, preferred_element_type=dt)
+    if bias is None:
+        return prod.astype(dt)
+    return _epilogue(prod, bias, node.attrs["alpha"], node.attrs["beta"], dt)
+
+
 @register("aten::dot.default")
 def _dot(node, x, y):
     dt = out_dtype(node)
