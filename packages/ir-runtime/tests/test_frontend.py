@@ -341,9 +341,34 @@ def test_dump_shows_the_graph_after_the_rewrite_rules():
     recorded, rewritten = irt.dump(out), irt.dump(out, format="rewritten")
     assert recorded.index("aten::mm") < recorded.index("aten::t")
     assert "aten::" not in rewritten and "ir::dot" in rewritten, rewritten
-    assert "contract=(0, 1)" in rewritten, rewritten
+    assert "dims=(((0,), (1,)), ((), ()))" in rewritten, rewritten
     assert irt.dump(out) == recorded
     torch.testing.assert_close(irt.to_torch(out), (a @ b).t())
+
+
+def test_batched_products_keep_their_batch_dims_as_jax_writes_them():
+    """torch's matmul of 4-d tensors and linear on a 3-d input merge the batch dims into one
+    (a view) around bmm / mm; they are lowered as one dot_general over the dims apart (as
+    jax.grad writes the same product, so XLA's partitioner sees the same graph), with eager's
+    values and gradients."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 32)
+    q, k, x = (torch.randn(*s, requires_grad=True) for s in ((2, 4, 8, 16),) * 2 + ((2, 8, 16),))
+
+    def f(q, k, x, lin):
+        return (q @ k.transpose(-1, -2)).softmax(-1).sum() + lin(x).square().mean()
+
+    lq, lk, lx = (irt.to_lazy(t.detach()).requires_grad_() for t in (q, k, x))
+    llin = irt.to_lazy(copy.deepcopy(lin))
+    f(q, k, x, lin).backward()
+    out = f(lq, lk, lx, llin)
+    out.backward()
+    grads = [lq.grad, lk.grad, lx.grad, llin.weight.grad]
+    text = irt.dump(grads, format="stablehlo")
+    assert "tensor<8x8x16xf32>" not in text and "tensor<16x16xf32>" not in text, text
+    assert "batching_dims = [0, 1] x [0, 1]" in text, text
+    for got, want in zip(grads, [q.grad, k.grad, x.grad, lin.weight.grad], strict=True):
+        torch.testing.assert_close(irt.to_torch(got), want, rtol=1e-5, atol=1e-6)
 
 
 def test_tensors_no_longer_alive_are_not_computed():

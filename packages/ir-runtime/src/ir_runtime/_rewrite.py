@@ -9,7 +9,7 @@ cache miss, and ``ir_runtime.dump(t, "rewritten")`` shows its result.
 
 from __future__ import annotations
 
-from ir_core import Generic, Value, post_order, relink
+from ir_core import Generic, Shape, Value, post_order, relink
 
 _TRANSPOSES = frozenset(("aten::t.default", "aten::transpose.int", "aten::permute.default"))
 
@@ -22,50 +22,124 @@ def _is_matrix_transpose(n) -> bool:
     return True  # aten::t
 
 
-def _peel(v: Value) -> tuple:
-    """``v`` without the matrix transposes it is made of (none that carries a sharding of its
-    own), and whether an odd number of them was peeled; None when there was none."""
-    flipped, peeled = False, False
+_VIEWS = frozenset(("aten::view.default", "aten::_unsafe_view.default"))
+_PRODUCTS = frozenset(("aten::mm.default", "aten::addmm.default", "aten::bmm.default"))
+DOT = "ir::dot"  # attrs: dims ((lhs contract, rhs contract), (lhs batch, rhs batch)), as
+# lax.dot_general's; with a bias, alpha and beta (addmm's epilogue)
+
+
+def _swaps_last_two(n, rank: int) -> bool:
+    """Whether ``n`` transposes the last two dims of a tensor of ``rank`` (a matrix's two)."""
+    if n.op == "aten::t.default":
+        return rank == 2
+    if n.op == "aten::transpose.int":
+        return {n.attrs["dim0"] % rank, n.attrs["dim1"] % rank} == {rank - 2, rank - 1}
+    if n.op == "aten::permute.default":
+        dims = [d % rank for d in n.attrs["dims"]]
+        return dims == [*range(rank - 2), rank - 1, rank - 2]
+    return False
+
+
+def _see_through(v: Value, flipped: bool) -> tuple:
+    """``v`` without the transposes of its last two dims and the expands to its own shape
+    that make it (none carrying a sharding of its own): (value, flipped, whether any was)."""
+    rank, seen = len(v.shape.dims), False
     while True:
         n = v.node
-        if (
-            n.op not in _TRANSPOSES
-            or n.sharding is not None
-            or len(n.operands) != 1
-            or len(n.shapes[0].dims) != 2
-            or not _is_matrix_transpose(n)
-        ):
-            return (v, flipped) if peeled else None
-        v, flipped, peeled = n.operands[0], not flipped, True
+        if n.sharding is not None or len(n.operands) != 1:
+            return v, flipped, seen
+        if n.op in _TRANSPOSES and _swaps_last_two(n, rank):
+            flipped = not flipped
+        elif not (n.op == "aten::expand.default" and n.operands[0].shape.dims == v.shape.dims):
+            return v, flipped, seen
+        v, seen = n.operands[0], True
 
 
-def _dot(lhs: tuple, rhs: tuple, shapes, addmm=None) -> Generic:
-    """``lhs @ rhs``, each given as ``(value, transposed)``, as one ``ir::dot`` of the values
-    themselves: the transposes become the dot's contracting dims, as ``jax.grad`` of ``x @ w``
-    writes them. ``addmm``: the ``aten::addmm`` node whose bias, alpha and beta it keeps."""
-    (a, ta), (b, tb) = lhs, rhs
-    attrs = {"contract": (0 if ta else 1, 1 if tb else 0)}
-    operands = [a, b]
-    if addmm is not None:
-        operands.append(addmm.operands[0])
-        attrs.update(alpha=addmm.attrs["alpha"], beta=addmm.attrs["beta"])
-    return Generic(DOT, operands, shapes, attrs)
+def _operand(v: Value, flipped: bool = False) -> list:
+    """A product's operand (a matrix, or a batch of them: rank 2 or 3) as the ways to read it:
+    each ``(base, batch dims, row dims, col dims)``, the dims of ``base`` each logical dim is
+    made of. First, when ``v`` is a view merging ``base``'s leading dims into its first (what
+    torch's matmul and linear do to a batch), with those dims apart; last, ``v`` as it is
+    (its transposes and no-op expands seen through). The second item: whether anything was
+    seen through."""
+    v, flipped, seen = _see_through(v, flipped)
+    rank = len(v.shape.dims)
+    ways = [(v, [[k] for k in range(rank - 2)], [rank - 2], [rank - 1])]
+    n = v.node
+    if n.op in _VIEWS and n.sharding is None:
+        a = n.operands[0]
+        dims, got = a.shape.dims, v.shape.dims
+        lead = len(dims) - rank + 1
+        if lead >= 2 and dims[lead:] == got[1:] and _prod(dims[:lead]) == got[0]:
+            groups = [list(range(lead))] + [[lead + k] for k in range(rank - 1)]
+            ways.insert(0, (a, groups[: rank - 2], groups[rank - 2], groups[rank - 1]))
+    if flipped:
+        ways = [(b, batch, cols, rows) for b, batch, rows, cols in ways]
+    return ways, seen
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def _sizes(base: Value, dims) -> list:
+    return [base.shape.dims[d] for d in dims]
+
+
+def _product(n, lhs, rhs, bias_of=None):
+    """``lhs @ rhs`` (``_operand``'s readings of each) as one ``ir::dot`` of the bases, the
+    first pairing whose batch and contracted dims agree; wrapped in a view to ``n``'s shape
+    where the dot keeps dims apart that ``n`` merged. ``bias_of``: the addmm node whose
+    epilogue the dot keeps (its bias must broadcast to the dot's shape)."""
+    (lways, lseen), (rways, rseen) = lhs, rhs
+    for lb, lbatch, lrows, lcols in lways:
+        for rb, rbatch, rrows, rcols in rways:
+            if lb is lways[-1][0] and rb is rways[-1][0] and not (lseen or rseen):
+                return None  # (the product as written)
+            if [_sizes(lb, g) for g in lbatch] != [_sizes(rb, g) for g in rbatch]:
+                continue
+            if _sizes(lb, lcols) != _sizes(rb, rrows):
+                continue
+            lbd = [d for g in lbatch for d in g]
+            rbd = [d for g in rbatch for d in g]
+            shape = tuple(_sizes(lb, lbd) + _sizes(lb, lrows) + _sizes(rb, rcols))
+            attrs = {"dims": ((tuple(lcols), tuple(rrows)), (tuple(lbd), tuple(rbd)))}
+            operands = [lb, rb]
+            if bias_of is not None:
+                bias = bias_of.operands[0]
+                if not _broadcasts(bias.shape.dims, shape):
+                    continue
+                operands.append(bias)
+                attrs.update(alpha=bias_of.attrs["alpha"], beta=bias_of.attrs["beta"])
+            out = n.shapes[0]
+            dot = Generic(DOT, operands, [Shape(out.dtype, shape)], attrs)
+            if shape == out.dims:
+                return dot
+            return Generic("aten::view.default", [Value(dot)], n.shapes, {"size": out.dims})
+    return None
+
+
+def _broadcasts(dims, shape) -> bool:
+    if len(dims) > len(shape):
+        return False
+    return all(d in (1, s) for d, s in zip(reversed(dims), reversed(shape), strict=False))
 
 
 def _folded_product(n, uses):
-    """``mm(t(a), t(b))`` and the like (``addmm`` too) as one ``ir::dot`` of ``a`` and ``b``.
-    torch's linear writes ``x @ t(w)`` and its backward ``g @ t(t(w))`` and ``t(x) @ g``; a
-    transpose left between an FSDP-sharded weight and its dot makes XLA's partitioner gather
-    the weight once per layout (the forward's and the backward's), where one dot_general of
-    the weight itself shares one gather."""
+    """``mm``, ``addmm`` and ``bmm`` as one ``ir::dot`` of what their operands are made of:
+    their transposes become the dot's contracting dims, and a batch torch merged into one dim
+    (``linear`` on a 3-d input, ``matmul`` of 4-d tensors) stays apart, as ``jax.grad`` of the
+    same product writes it. A transpose left between an FSDP-sharded weight and its dot made
+    XLA's partitioner gather the weight once per layout (the forward's and the backward's),
+    and a merged batch and heads dim lost the heads' sharding."""
     if n.sharding is not None:
         return None
     a, b = n.operands[-2:]
-    pa, pb = _peel(a), _peel(b)
-    if pa is None and pb is None:
-        return None
-    lhs, rhs = pa or (a, False), pb or (b, False)
-    return _dot(lhs, rhs, n.shapes, n if n.op == "aten::addmm.default" else None)
+    bias_of = n if n.op == "aten::addmm.default" else None
+    return _product(n, _operand(a), _operand(b), bias_of)
 
 
 def _transposed_product(n, uses):
@@ -79,14 +153,26 @@ def _transposed_product(n, uses):
     if m.op != "aten::mm.default" or uses.get(id(m)) != 1 or m.sharding is not None:
         return None
     a, b = m.operands
-    (a, ta), (b, tb) = _peel(a) or (a, False), _peel(b) or (b, False)
-    return _dot((b, not tb), (a, not ta), n.shapes)
+    (bways, _), (aways, _) = _operand(b, True), _operand(a, True)
+    return _product(n, (bways, True), (aways, True))
 
 
-DOT = "ir::dot"  # attrs: contract (lhs dim, rhs dim); with a bias, alpha and beta (addmm's)
+def _unmerged_product(n, uses):
+    """``view(product)`` restoring the dims the product's operands merged: the ``ir::dot``
+    itself, not a view of a view of it."""
+    p = n.operands[0].node
+    if n.sharding is not None or p.op not in _PRODUCTS or uses.get(id(p)) != 1:
+        return None
+    new = _folded_product(p, uses)
+    if new is not None and new.op != DOT and new.operands[0].shape.dims == n.shapes[0].dims:
+        return new.operands[0].node
+    return None
+
+
 RULES = (
     (_TRANSPOSES, _transposed_product),
-    (frozenset(("aten::mm.default", "aten::addmm.default")), _folded_product),
+    (_PRODUCTS, _folded_product),
+    (_VIEWS, _unmerged_product),
 )
 
 

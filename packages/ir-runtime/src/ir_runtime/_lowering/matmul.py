@@ -27,12 +27,13 @@ def _matmul(node, x, y):
 
 @register("ir::dot")
 def _ir_dot(node, x, y, bias=None):
-    """Two matrices contracted over ``contract`` (a dim of each: a transposed operand's
-    transpose folded in; ``_rewrite``), plus ``addmm``'s epilogue when there is a bias."""
+    """``lax.dot_general`` over the node's ``dims`` (a product whose transposes and merged
+    batch dims the rewrite rules folded in: ``_rewrite``), plus ``addmm``'s epilogue when there
+    is a bias."""
     dt = out_dtype(node)
-    lc, rc = node.attrs["contract"]
-    dims = (((lc,), (rc,)), ((), ()))
-    prod = lax.dot_general(x, y, dims, precision=_PRECISION, preferred_element_type=dt)
+    prod = lax.dot_general(
+        x, y, node.attrs["dims"], precision=_PRECISION, preferred_element_type=dt
+    )
     if bias is None:
         return prod.astype(dt)
     return _epilogue(prod, bias, node.attrs["alpha"], node.attrs["beta"], dt)
