@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import ir_runtime as irt
 from ir_runtime._frontend import inspect
-from ir_sharding import ShardingError
+from ir_sharding import Mesh, ShardingError, ShardingSpec
 
 MESH = irt.Mesh(list(range(8)), (4, 2), ("data", "model"))
 JAX_MESH = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
@@ -424,3 +424,25 @@ def test_mark_sharding_with_gradients_each_step_keeps_one_constraint():
         irt.mark_step()
         lin.weight.grad = None
     assert text.count("ir::annotate") == 1
+
+
+def test_an_eager_region_left_open_is_pending_and_refused_by_name_where_a_program_would_run():
+    """torch_xla's eager manual regions (``regions._eager``, served as
+    ``enable_manual_sharding``; tested end to end in test_torch_xla.py): a tensor inside an
+    open region is one device's block: lowering it raises LoweringError naming the region,
+    reading it ShardingError; closed, the region computes eager's value."""
+    from ir_runtime._frontend.regions import _eager
+
+    mesh = Mesh(range(8), (2, 4), ("x", "y"))
+    spec = ShardingSpec(mesh, ("x", "y"))
+    host = torch.randn(8, 16)
+    x = irt.to_lazy(host)
+    irt.mark_sharding(x, mesh, ("x", "y"))
+    m = _eager.full_to_shard(x, spec, "the test's region")
+    assert tuple(m.shape) == (4, 4)
+    with pytest.raises(irt.LoweringError, match="inside an open manual region"):
+        irt.lower([m._ir])
+    with pytest.raises(ShardingError, match="inside a manual region"):
+        m.cpu()
+    out = _eager.shard_to_full(m * 2, spec, (8, 16), "the test's region", block=True)
+    torch.testing.assert_close(irt.to_torch(out), host * 2)
