@@ -371,6 +371,13 @@ def test_manual_regions_compute_as_eager_with_collectives_and_gradients():
         o2 = xs.disable_manual_sharding(m1 * m2, ("x", "y"), (8, 16))
         torch.testing.assert_close(o1.global_tensor.cpu(), a * a[:4, :4].repeat(2, 4))
         torch.testing.assert_close(o2.global_tensor.cpu(), a * w.detach())
+        # blocks that jax cannot prove replicated, closed as replicated and without a
+        # gradient: torch_xla's unchecked meaning (torch_xla's TPU test of reduce_scatter)
+        x = xs.enable_manual_sharding(torch.ones(8, 8).to("xla"), (None, None)).global_tensor
+        x = torch_xla._XLAC._xla_spmd_reduce_scatter(
+            xm.REDUCE_SUM, x, 1.0, 0, 8, [list(range(8))])
+        o = xs.disable_manual_sharding(x, (None, None), x.shape).global_tensor
+        torch.testing.assert_close(o.cpu(), torch.full((1, 8), 8.0))
         # a step leaves an open region pending; reading inside it is refused, closing works
         m = xs.enable_manual_sharding(a.to("xla"), ("x", "y")).global_tensor
         n = m + 1

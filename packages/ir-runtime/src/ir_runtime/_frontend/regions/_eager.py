@@ -283,7 +283,7 @@ def shard_to_full(
     except ShardingError:
         if entered:
             raise
-        return record(True)
+        return record(False)
 
 
 def _out_entries(spec: ShardingSpec, mesh: Mesh, rank: int, what: str) -> tuple:
