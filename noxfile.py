@@ -9,15 +9,10 @@ import os
 
 import nox
 
-nox.options.sessions = [
-    "lint",
-    "core",
-    "sharding",
-    "runtime",
-    "integration",
-    "integration_transformers4",
-    "torch_xla_suite",
-]
+# What bare ``nox`` (and CI) runs; torch_xla's suite runs inside ``integration`` (one install
+# for both). Not default, for CI's time: ``integration_transformers4`` (the Hugging Face
+# models on the older transformers line), ``opinfo_all``, ``torch_xla_suite_training``.
+nox.options.sessions = ["lint", "core", "sharding", "runtime", "integration"]
 nox.options.error_on_external_run = True
 
 CORE = "packages/ir-core"
@@ -115,8 +110,12 @@ def torch_xla_suite(session):
     CPU devices: every test passes, skips as on torch_xla's CPU CI, or is a listed known
     failure (``integration_tests/torch_xla_suite/conftest.py`` prints them by category). The
     graph-dump test runs apart, with the environment torch_xla's CI gives it; the linear-model
-    training file in ``torch_xla_suite_training``."""
+    training file in ``torch_xla_suite_training``. ``integration`` runs it too."""
     session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH, "rich")
+    _torch_xla_suite(session)
+
+
+def _torch_xla_suite(session):
     dump = "integration_tests/torch_xla_suite/test/spmd/test_spmd_graph_dump.py"
     rest = [f for f in TORCH_XLA_SUITE if f not in (dump, TORCH_XLA_TRAINING)]
     session.run(*_TORCH_XLA_PYTEST, "-q", *rest, *session.posargs, env={"CPU_NUM_DEVICES": "8"})
@@ -136,22 +135,27 @@ def torch_xla_suite_training(session):
 
 @nox.session
 def integration(session):
+    """The cross-package suite on transformers 5, then torch_xla's SPMD suite
+    (``torch_xla_suite``) in the same environment."""
     session.install(
         f"./{CORE}",
         f"./{SHARDING}",
-        f"./{RUNTIME}[checkpoint]",
+        f"./{RUNTIME}[checkpoint,test]",
         TORCH,
         "packaging",
+        "rich",
         TRANSFORMERS,
         *TEST_DEPS,
     )
     session.run("pytest", "integration_tests", *session.posargs)
+    if not session.posargs:  # (arguments narrow the cross-package suite only)
+        _torch_xla_suite(session)
 
 
 @nox.session
 def integration_transformers4(session):
     """The Hugging Face parts of the integration suite on transformers 4.57: training every
-    model under compile_step, and generation."""
+    model under compile_step, and generation (not a default session: new users get 5)."""
     session.install(
         f"./{CORE}",
         f"./{SHARDING}",
