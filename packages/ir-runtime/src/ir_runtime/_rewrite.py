@@ -9,17 +9,11 @@ cache miss, and ``ir_runtime.dump(t, "rewritten")`` shows its result.
 
 from __future__ import annotations
 
+import math
+
 from ir_core import Generic, Shape, Value, post_order, relink
 
 _TRANSPOSES = frozenset(("aten::t.default", "aten::transpose.int", "aten::permute.default"))
-
-
-def _is_matrix_transpose(n) -> bool:
-    if n.op == "aten::permute.default":
-        return tuple(n.attrs["dims"]) in ((1, 0), (-1, -2))
-    if n.op == "aten::transpose.int":
-        return {n.attrs["dim0"] % 2, n.attrs["dim1"] % 2} == {0, 1}
-    return True  # aten::t
 
 
 _VIEWS = frozenset(("aten::view.default", "aten::_unsafe_view.default"))
@@ -70,19 +64,12 @@ def _operand(v: Value, flipped: bool = False) -> list:
         a = n.operands[0]
         dims, got = a.shape.dims, v.shape.dims
         lead = len(dims) - rank + 1
-        if lead >= 2 and dims[lead:] == got[1:] and _prod(dims[:lead]) == got[0]:
+        if lead >= 2 and dims[lead:] == got[1:] and math.prod(dims[:lead]) == got[0]:
             groups = [list(range(lead))] + [[lead + k] for k in range(rank - 1)]
             ways.insert(0, (a, groups[: rank - 2], groups[rank - 2], groups[rank - 1]))
     if flipped:
         ways = [(b, batch, cols, rows) for b, batch, rows, cols in ways]
     return ways, seen
-
-
-def _prod(dims) -> int:
-    out = 1
-    for d in dims:
-        out *= d
-    return out
 
 
 def _sizes(base: Value, dims) -> list:
@@ -147,7 +134,7 @@ def _transposed_product(n, uses):
     into the dot for free but writes a transposed result out as a copy (torch's linear
     backward makes exactly this for every weight gradient). Only when the product has no other
     use and neither node carries a sharding of its own."""
-    if n.sharding is not None or len(n.operands) != 1 or not _is_matrix_transpose(n):
+    if n.sharding is not None or len(n.operands) != 1 or not _swaps_last_two(n, 2):
         return None
     m = n.operands[0].node
     if m.op != "aten::mm.default" or uses.get(id(m)) != 1 or m.sharding is not None:
