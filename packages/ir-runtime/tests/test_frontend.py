@@ -1022,3 +1022,44 @@ def test_a_foreign_wrapper_beside_a_lazy_tensor_gets_its_own_dispatch():
     got = torch.addmm(irt.to_lazy(bias), _Tagged(irt.to_lazy(a)), irt.to_lazy(b))
     assert isinstance(got, _Tagged) and isinstance(got.inner, irt.LazyTensor)
     torch.testing.assert_close(irt.to_torch(got.inner), torch.addmm(bias, a, b))
+
+
+def test_a_tensor_written_by_another_thread_while_a_step_runs_keeps_what_was_written(
+    monkeypatch,
+):
+    """A loader's thread moves a batch to the device: torch's ``.to`` is ``empty()`` on the
+    device (a pending tensor) then ``copy_``. When the main thread's step takes the pending
+    ``empty()`` as a root between the two and its program finishes after the copy, the batch
+    keeps the copied values (the step's zeros are of the value it replaced); the rest of the
+    step is bound as usual. The interleaving is forced with two events."""
+    import threading
+
+    from ir_runtime._frontend.steps import _step
+
+    taken, written = threading.Event(), threading.Event()
+    real = _step.run_graph
+
+    def run_graph(roots, *args, **kwargs):
+        taken.set()  # the step has its roots: the other thread writes now
+        assert written.wait(30)
+        return real(roots, *args, **kwargs)
+
+    monkeypatch.setattr(_step, "run_graph", run_graph)
+    batch = torch.arange(12.0).reshape(4, 3)
+    other = irt.to_lazy(torch.ones(2)) * 3  # pending work of the main thread's step
+    placeholder = torch.empty(4, 3, device="lazy")
+    assert _step.pending(placeholder)
+
+    def loader():
+        assert taken.wait(30)
+        placeholder.copy_(batch)
+        written.set()
+
+    thread = threading.Thread(target=loader)
+    thread.start()
+    irt.mark_step()
+    thread.join()
+    monkeypatch.undo()
+    assert torch.equal(irt.to_torch(placeholder), batch)
+    assert torch.equal(irt.to_torch(other), torch.full((2,), 3.0))
+    assert not _step.pending(other)

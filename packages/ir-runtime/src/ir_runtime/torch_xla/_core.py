@@ -154,7 +154,13 @@ def replicate(t) -> None:
     """Annotate ``t`` replicated over every device: what torch_xla gives data sent to the
     device without a sharding under SPMD (``send_cpu_data_to_device``, ``MpDeviceLoader``)."""
     from ir_runtime._frontend.recording._api import annotate
+
+    annotate(t, replicated_spec())
+
+
+def replicated_spec():
+    """Replicated over every device (one mesh axis, "devices")."""
     from ir_sharding import Mesh, ShardingSpec
 
     ids = [d.id for d in devices()]
-    annotate(t, ShardingSpec.replicated(Mesh(ids, (len(ids),), ("devices",))))
+    return ShardingSpec.replicated(Mesh(ids, (len(ids),), ("devices",)))

@@ -72,10 +72,15 @@ def run(tensors, held: set, only=None):
     ``_donation.Donor(held, only)`` allows; returns ``run_graph``'s ``(results, executable,
     graph, arrays)`` and each tensor's root index."""
     roots, where, donate, pins = _prepare(tensors, held, only)
+    values = [t._ir for t in tensors]
     ran = run_graph(roots, donate=donate, out_shardings=pins)
     results = ran[0]
-    for t, k in zip(tensors, where, strict=True):
-        t._bind(results[k])
+    for t, k, value in zip(tensors, where, values, strict=True):
+        # A tensor written while its program was made and ran (another thread: a loader's
+        # .to(device) is torch's empty() then copy_, and a step can take the empty() as a
+        # root between the two) keeps what was written: the result is of its old value.
+        if t._ir is value:
+            t._bind(results[k])
     _rng.rebase()  # later draws start a new key: the next graph's offsets begin at 0
     return ran, where
 

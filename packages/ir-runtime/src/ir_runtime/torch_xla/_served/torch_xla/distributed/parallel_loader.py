@@ -33,14 +33,16 @@ def _place(batch, device, input_sharding):
             )
         return {k: _place(v, device, input_sharding[k]) for k, v in batch.items()}
     if type(batch) is torch.Tensor and batch.device.type == "cpu":
+        # Placed as data in one go, on the loader's thread: no pending tensor that a step on
+        # the main thread could take as its own, and no copy to reshard afterwards.
         fits = isinstance(input_sharding, ShardingSpec) and input_sharding.can_apply(batch)
-        if fits and input_sharding.minibatch:
-            input_sharding.check_minibatch(batch)
-            if irt.process_count() > 1:  # this process's part of the global batch
-                return irt.from_process_local(
-                    batch, input_sharding.mesh._ir, input_sharding._spec.partition_spec
-                )
-        t = batch.to(device)
+        one = irt.process_count() == 1
+        if fits and (one or input_sharding.minibatch):
+            input_sharding.check_minibatch(batch)  # (minibatch: each process's part of it)
+            return _placed(batch, input_sharding._spec)
+        if not fits and one and _core.virtual_device():
+            return _placed(batch, _core.replicated_spec())
+        t = batch.to(device)  # (across processes, each passing the whole batch)
         if fits:
             input_sharding.apply(t)
         elif _core.virtual_device():
@@ -51,6 +53,12 @@ def _place(batch, device, input_sharding):
     if isinstance(batch, dict):
         return {k: _place(v, device, input_sharding) for k, v in batch.items()}
     return batch
+
+
+def _placed(batch: torch.Tensor, spec):
+    from ir_runtime._frontend.recording._api import place_local, placed_tensor
+
+    return placed_tensor(place_local(batch, spec), spec)
 
 
 class _Failed:
