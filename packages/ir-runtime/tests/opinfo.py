@@ -276,9 +276,24 @@ def _contiguous(sample):
     return sample.transform(copy)
 
 
-def _values(op, sample, rtol, atol, dtype):
-    """(problem or None, nearer?, lazy result, its lazy arguments, eager result, random?);
-    nearer: the values differ from eager's and pass by being nearer float64's."""
+@dataclasses.dataclass
+class _Run:
+    """One sample recorded on the lazy device beside eager's result: the lazy result and, where
+    the op has them, its input gradients, both pending until a step computes them."""
+
+    want: object  # eager's result
+    random: bool  # whether eager's result depends on the seed
+    got: object = None  # the lazy result
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    cots: list | None = None  # the cotangents, one per differentiable output (eager's)
+    grads: list | None = None  # the lazy input gradients (pending)
+    grads_error: BaseException | None = None  # recording the gradients raised
+
+
+def _record(op, sample, with_grad: bool) -> _Run:
+    """Eager's result, and the lazy result (and gradients, where ``with_grad`` and eager has
+    them) recorded, not yet computed."""
     random = _random(op, sample)
     # What torch's own tests compare: outputs made unique where the op's are not (an
     # eigenvector's sign, a singular vector's phase: LAPACK builds may pick either).
@@ -287,9 +302,40 @@ def _values(op, sample, rtol, atol, dtype):
     want = unique(op(sample.input, *sample.args, **sample.kwargs))
     torch.manual_seed(0)
     got, args, kwargs = _call(op, sample, _lazy)
-    got = unique(got)
+    run = _Run(want, random, unique(got), args, kwargs)
+    if with_grad and not random:
+        try:
+            _record_grads(sample, run)
+        except Exception as e:
+            run.grads_error = e
+    return run
+
+
+def _record_grads(sample, run: _Run) -> None:
+    outs_e = _differentiable(run.want)
+    ins_e = _grad_inputs((sample.input, *sample.args), sample.kwargs)
+    if not outs_e or not ins_e:
+        return
+    gen = torch.Generator().manual_seed(1234)
+    run.cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs_e]
+    outs_l = _differentiable(run.got)
+    ins_l = _grad_inputs(run.args, run.kwargs)
+    if len(outs_l) != len(outs_e) or len(ins_l) != len(ins_e):
+        raise RuntimeError("the lazy result's autograd graph differs from eager's")
+    cots = [irt.to_lazy(c) for c in run.cots]
+    run.grads = list(torch.autograd.grad(outs_l, ins_l, cots, allow_unused=True))
+
+
+def _values(op, sample, rtol, atol, dtype, run: _Run | None = None):
+    """(problem or None, nearer?, lazy result, its lazy arguments, eager result, random?);
+    nearer: the values differ from eager's and pass by being nearer float64's. ``run``: the
+    sample recorded and computed already (else recorded and computed here)."""
+    if run is None:
+        run = _record(op, sample, False)
+        irt.mark_step()  # every output in one program (read one by one, each would be its own)
+    got, args, kwargs, want = run.got, run.args, run.kwargs, run.want
     host = tree_map(_host, got)
-    if random:
+    if run.random:
         return _same_layout(host, want, "output"), False, got, args, kwargs, want, True
     problem = _same(host, want, rtol, atol, "output")
     if problem is None or dtype not in WIDENED:
@@ -297,29 +343,28 @@ def _values(op, sample, rtol, atol, dtype):
     wide_args, wide_kwargs = _in_float64(sample, dtype)
     try:
         torch.manual_seed(0)
-        precise = unique(op(*wide_args, **wide_kwargs))
+        precise = sample.output_process_fn_grad(op(*wide_args, **wide_kwargs))
     except Exception:  # no float64 kernel: eager is the only oracle
         return problem, False, got, args, kwargs, want, False
     problem = _nearer(host, want, precise, rtol, atol, "output")
     return problem, problem is None, got, args, kwargs, want, False
 
 
-def _grads(op, sample, got, args, kwargs, want, rtol, atol, dtype):
+def _grads(op, sample, got, args, kwargs, want, rtol, atol, dtype, run: _Run | None = None):
     """(None when the input gradients equal eager's, else a description; nearer?), nearer as
-    ``_values``'s."""
+    ``_values``'s. ``run``: the gradients recorded and computed already (else here)."""
+    if run is None:
+        run = _Run(want, False, got, args, kwargs)
+        _record_grads(sample, run)
+        irt.mark_step()  # (one program for every gradient)
+    if run.grads_error is not None:
+        raise run.grads_error
+    if run.cots is None:
+        return None, False
     outs_e = _differentiable(want)
     ins_e = _grad_inputs((sample.input, *sample.args), sample.kwargs)
-    if not outs_e or not ins_e:
-        return None, False
-    gen = torch.Generator().manual_seed(1234)
-    cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs_e]
-    grads_e = torch.autograd.grad(outs_e, ins_e, cots, allow_unused=True)
-    outs_l = _differentiable(got)
-    ins_l = _grad_inputs(args, kwargs)
-    if len(outs_l) != len(outs_e) or len(ins_l) != len(ins_e):
-        raise RuntimeError("the lazy result's autograd graph differs from eager's")
-    grads_l = torch.autograd.grad(outs_l, ins_l, [irt.to_lazy(c) for c in cots], allow_unused=True)
-    grads_l = [None if g is None else irt.to_torch(g) for g in grads_l]
+    grads_e = torch.autograd.grad(outs_e, ins_e, run.cots, allow_unused=True)
+    grads_l = [None if g is None else irt.to_torch(g) for g in run.grads]
     for k, (a, b) in enumerate(zip(grads_l, grads_e, strict=True)):
         if (a is None) != (b is None):
             return f"gradient {k}: {'None' if a is None else 'a tensor'} against eager", False
@@ -332,7 +377,7 @@ def _grads(op, sample, got, args, kwargs, want, rtol, atol, dtype):
     try:
         outs_p = _differentiable(sample.output_process_fn_grad(op(*wide_args, **wide_kwargs)))
         ins_p = _grad_inputs(wide_args, wide_kwargs)
-        cots_p = [c.to(o.dtype) for c, o in zip(cots, outs_p, strict=True)]
+        cots_p = [c.to(o.dtype) for c, o in zip(run.cots, outs_p, strict=True)]
         grads_p = torch.autograd.grad(outs_p, ins_p, cots_p, allow_unused=True)
     except Exception:  # no float64 kernel: eager is the only oracle
         return problem, False
@@ -372,6 +417,23 @@ def judge(name: str, outcome: Outcome, known, listed_in: str) -> None:
         assert outcome.values == "pass", f"{name}'s values fail too: {outcome.detail}"
 
 
+def _record_all(op, samples, with_grad: bool) -> list | None:
+    """Every sample recorded (values and gradients), then computed by one step: one program
+    per op, where a program per sample and per part would each compile. None when a sample
+    cannot be recorded or the step fails: each sample is then recorded and computed on its own,
+    its values before its gradients, which tells what failed."""
+    runs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            for sample in samples:
+                runs.append(_record(op, sample, with_grad))
+            irt.mark_step()
+        except Exception:
+            return None
+    return runs
+
+
 def check(op, n_samples: int | None = 3, dtype=DTYPE) -> Outcome:
     """Values (and gradients, where the op has them in ``dtype``) of the first ``n_samples``
     samples in ``dtype`` (all of them where ``n_samples`` is None)."""
@@ -383,13 +445,17 @@ def check(op, n_samples: int | None = 3, dtype=DTYPE) -> Outcome:
         samples = samples_of(op, n_samples, with_grad, dtype)
     except Exception as e:  # the oracle cannot make samples: not ours to judge
         return Outcome("raise", "raise" if with_grad else None, f"samples: {e!r}"[:300])
-    for sample in samples:
-        if op.name in STORAGE_OPS:
-            sample = _contiguous(sample)
+    if op.name in STORAGE_OPS:
+        samples = [_contiguous(sample) for sample in samples]
+    runs = _record_all(op, samples, with_grad)
+    for k, sample in enumerate(samples):
+        run = runs[k] if runs is not None else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                v, near, got, args, kwargs, want, random = _values(op, sample, rtol, atol, dtype)
+                v, near, got, args, kwargs, want, random = _values(
+                    op, sample, rtol, atol, dtype, run
+                )
             except Exception as e:
                 if values == "pass":
                     values, detail = "raise", _failure(e)
@@ -402,7 +468,7 @@ def check(op, n_samples: int | None = 3, dtype=DTYPE) -> Outcome:
             if not with_grad or random or grads != "pass":
                 continue
             try:
-                g, near = _grads(op, sample, got, args, kwargs, want, *grad_tol, dtype)
+                g, near = _grads(op, sample, got, args, kwargs, want, *grad_tol, dtype, run)
             except Exception as e:
                 grads, detail = "raise", "gradient: " + _failure(e)
                 continue
