@@ -208,6 +208,7 @@ def bench(session):
         ("bench_checkpoints", "ir-checkpoints"),
         ("bench_manual", "ir-manual"),
         ("bench_torch_xla", "ir-torch-xla"),
+        ("bench_cpu_llama", "ir-cpu-llama"),
     ):
         session.run("python", f"{RUNTIME}/bench/{name}.py", "--json", f".bench/{out}.json")
 

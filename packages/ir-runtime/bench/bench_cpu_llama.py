@@ -1,0 +1,257 @@
+"""A small Llama's training step on one CPU device, five ways, side by side in one run.
+
+The model: ``LlamaForCausalLM`` (transformers, built from its config) with hidden size 256,
+4 layers, 8 heads (4 key/value heads), batch 8 x 128, AdamW (torch's defaults, lr 1e-3). The
+ways:
+
+- ``eager``: torch on the CPU.
+- ``inductor``: the model under ``torch.compile`` (torch's default backend), AdamW eager.
+- ``compile_step``: the step on the lazy device under ``ir_runtime.compile_step`` (its replay).
+- ``mark_step``: the same step traced every call, run by ``mark_step``.
+- ``jax.jit``: the same model and AdamW written in JAX (the torch model's initial weights),
+  one ``jax.jit`` with the parameters and optimizer state donated: what XLA does with the
+  model when nothing stands between them.
+
+Each way runs in its own process (one CPU device; a process names its devices once); the
+ways alternate for several rounds, and each figure is the median over rounds of a round's mean
+step after warm-up (every step waited for). Ratios are to eager's time in the same round. Every
+way's losses are checked against eager's (rtol 1e-4): a fast wrong step is not a result.
+
+    python packages/ir-runtime/bench/bench_cpu_llama.py [--rounds 3] [--json PATH]
+
+``--xla-flags`` passes XLA_FLAGS to the XLA ways (to try a CPU option on all of them alike).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))  # benchjson, at the top
+
+WAYS = ("eager", "inductor", "compile_step", "mark_step", "jax.jit")
+VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 1024, 256, 4, 8, 4, 704
+BATCH, SEQ, LR = 8, 128, 1e-3
+
+
+def model():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=SEQ,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def batches(n: int) -> list:
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(n)]
+
+
+def _torch_way(way: str, steps: int, warmup: int) -> dict:
+    import torch
+
+    import ir_runtime as irt
+
+    net = model()
+    lazy = way in ("compile_step", "mark_step")
+    if lazy:
+        irt.init(cpu_devices=1)
+        net = irt.to_lazy(net)
+    opt = torch.optim.AdamW(net.parameters(), lr=LR)
+    forward = torch.compile(net) if way == "inductor" else net
+
+    def step(ids):
+        opt.zero_grad()
+        loss = forward(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    run = irt.compile_step(step) if way == "compile_step" else step
+    data = [irt.to_lazy(b) for b in batches(steps)] if lazy else batches(steps)
+    losses, times = [], []
+    for k, ids in enumerate(data):
+        start = time.perf_counter()
+        loss = run(ids)
+        if way == "mark_step":
+            irt.mark_step()
+        losses.append(loss.item())  # (waits for the step)
+        if k >= warmup:
+            times.append(time.perf_counter() - start)
+    return {"losses": losses, "step_seconds": sum(times) / len(times)}
+
+
+def _jax_way(steps: int, warmup: int) -> dict:
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_num_cpu_devices", 1)
+    net = model()
+    params = {k: jnp.asarray(v.detach().numpy()) for k, v in net.state_dict().items()}
+    config = net.config
+    head = HIDDEN // HEADS
+    eps = config.rms_norm_eps
+    theta = config.rope_parameters["rope_theta"]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head, 2, dtype=jnp.float32) / head))
+    freqs = jnp.arange(SEQ, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    causal = jnp.tril(jnp.ones((SEQ, SEQ), bool))
+
+    def norm(x, w):
+        return w * (x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps))
+
+    def rotate(x):
+        a, b = jnp.split(x, 2, axis=-1)
+        return x * cos + jnp.concatenate([-b, a], axis=-1) * sin
+
+    def loss_of(p, ids):
+        x = p["model.embed_tokens.weight"][ids]
+        for i in range(LAYERS):
+            pre = f"model.layers.{i}."
+            h = norm(x, p[pre + "input_layernorm.weight"])
+
+            def proj(name, n, h=h, pre=pre):
+                y = h @ p[pre + f"self_attn.{name}.weight"].T
+                return y.reshape(BATCH, SEQ, n, head).transpose(0, 2, 1, 3)
+
+            q, k, v = proj("q_proj", HEADS), proj("k_proj", KV_HEADS), proj("v_proj", KV_HEADS)
+            q, k = rotate(q), rotate(k)
+            k, v = (jnp.repeat(t, HEADS // KV_HEADS, axis=1) for t in (k, v))
+            s = (q @ k.transpose(0, 1, 3, 2)) * head**-0.5
+            s = jnp.where(causal, s, jnp.finfo(s.dtype).min)
+            a = jax.nn.softmax(s, axis=-1) @ v
+            a = a.transpose(0, 2, 1, 3).reshape(BATCH, SEQ, HIDDEN)
+            x = x + a @ p[pre + "self_attn.o_proj.weight"].T
+            h = norm(x, p[pre + "post_attention_layernorm.weight"])
+            gate = jax.nn.silu(h @ p[pre + "mlp.gate_proj.weight"].T)
+            up = h @ p[pre + "mlp.up_proj.weight"].T
+            x = x + (gate * up) @ p[pre + "mlp.down_proj.weight"].T
+        logits = norm(x, p["model.norm.weight"]) @ p["lm_head.weight"].T
+        logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
+
+    b1, b2, adam_eps, decay = 0.9, 0.999, 1e-8, 0.01
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
+    def step(p, m, v, t, ids):
+        loss, g = jax.value_and_grad(loss_of)(p, ids)
+        t = t + 1
+        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+        c1, c2 = 1 - b1**t, 1 - b2**t
+
+        def update(p, m, v):
+            p = p * (1 - LR * decay)
+            return p - LR * (m / c1) / (jnp.sqrt(v / c2) + adam_eps)
+
+        return loss, jax.tree.map(update, p, m, v), m, v, t
+
+    m = jax.tree.map(jnp.zeros_like, params)
+    v = jax.tree.map(jnp.zeros_like, params)
+    t = jnp.zeros((), jnp.float32)
+    losses, times = [], []
+    for k, ids in enumerate(batches(steps)):
+        ids = jnp.asarray(ids.numpy())
+        start = time.perf_counter()
+        loss, params, m, v, t = step(params, m, v, t, ids)
+        losses.append(float(loss))  # (waits for the step)
+        if k >= warmup:
+            times.append(time.perf_counter() - start)
+    return {"losses": losses, "step_seconds": sum(times) / len(times)}
+
+
+def _child(way: str, steps: int, warmup: int, xla_flags: str) -> dict:
+    env = dict(os.environ)
+    env.pop("IR_RUNTIME_CPU_DEVICES", None)
+    if xla_flags and way != "eager" and way != "inductor":
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
+    done = subprocess.run(
+        [sys.executable, __file__, "--way", way, "--steps", str(steps), "--warmup", str(warmup)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{way}: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--ways", default=",".join(WAYS))
+    parser.add_argument("--xla-flags", default="")
+    parser.add_argument("--way", choices=WAYS)  # (a child process)
+    args = parser.parse_args()
+    if args.way:
+        if args.way == "jax.jit":
+            out = _jax_way(args.steps, args.warmup)
+        else:
+            out = _torch_way(args.way, args.steps, args.warmup)
+        print(json.dumps(out))
+        return
+    ways = args.ways.split(",")
+    if "eager" not in ways:
+        ways.insert(0, "eager")
+    rounds = []
+    for _ in range(args.rounds):
+        rounds.append({w: _child(w, args.steps, args.warmup, args.xla_flags) for w in ways})
+    import torch
+
+    want = torch.tensor(rounds[0]["eager"]["losses"])
+    for r in rounds:
+        for w, out in r.items():
+            got = torch.tensor(out["losses"])
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"{w}'s losses")
+    seconds = {w: statistics.median(r[w]["step_seconds"] for r in rounds) for w in ways}
+    ratios = {
+        w: statistics.median(r[w]["step_seconds"] / r["eager"]["step_seconds"] for r in rounds)
+        for w in ways
+    }
+    print(
+        f"A small Llama's training step on one CPU device (hidden {HIDDEN}, {LAYERS} layers, "
+        f"batch {BATCH}x{SEQ}, AdamW), median of {args.rounds} rounds"
+        + (f"; XLA_FLAGS {args.xla_flags}" if args.xla_flags else "")
+    )
+    print(f"{'':16s}{'step (ms)':>12s}{'/ eager':>10s}")
+    for w in ways:
+        print(f"{w:16s}{seconds[w] * 1e3:12.1f}{ratios[w]:10.3f}")
+    import benchjson
+
+    benchjson.write(
+        args.json,
+        {
+            "step_seconds": seconds,
+            "ratio_to_eager": ratios,
+            "xla_flags": args.xla_flags,
+            "rounds": [{w: r[w]["step_seconds"] for w in ways} for r in rounds],
+            "environment": benchjson.environment(torch=torch.__version__),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
