@@ -55,18 +55,16 @@ from __future__ import annotations
 import functools
 import warnings
 
-import torch
-
 from ir_core import DeviceData
 from ir_runtime import _metrics, _profile
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.steps import _step
+from ir_runtime._frontend.steps._hot import call_key
 from ir_runtime._frontend.steps._replay import (
     Miss,
     Replay,
     flat,
     flatten,
-    leaf_key,
     unflatten,
 )
 from ir_runtime._frontend.steps._trace import trace
@@ -77,7 +75,6 @@ class CaptureWarning(UserWarning):
 
 
 _NESTED = (tuple, list, dict)  # arguments flatten takes apart
-_grad_enabled = torch.is_grad_enabled
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
 _VARIANTS = 4  # plans per signature, each replayed when its guards hold
 _VARYING = (
@@ -177,7 +174,7 @@ class CompiledStep:
             structure = flatten((args, kwargs), leaves)
         else:  # the common case: positional tensors and values
             structure = flat(len(args))
-        key = (structure, _grad_enabled(), *map(leaf_key, range(len(leaves)), leaves))
+        key = call_key(structure, leaves)
         last, self._key = self._key, key
         plans = self._replay.get(key)
         if plans is None and last is not None and last != key and last in self._last:

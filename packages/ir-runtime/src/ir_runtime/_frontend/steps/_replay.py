@@ -15,16 +15,12 @@ import jax
 import numpy as np
 import torch
 
-from ir_core import DeviceData, Value
-from ir_runtime import _donation, _metrics, _runtime_checks
+from ir_core import DeviceData
+from ir_runtime import _metrics, _runtime_checks
 from ir_runtime._data import fetch, put
 from ir_runtime._debug import spec_text
-from ir_runtime._execute import place
-from ir_runtime._frontend.recording import _rng
 from ir_runtime._frontend.recording._convert import host_numpy, host_tensor, shape_of
-from ir_runtime._frontend.recording._tensor import LazyTensor
-from ir_runtime._frontend.recording._views import write_through
-from ir_runtime._frontend.steps import _step
+from ir_runtime._frontend.steps import _hot, _step
 from ir_runtime._frontend.steps._guards import (
     GradGuard,
     GradReadGuard,
@@ -32,6 +28,15 @@ from ir_runtime._frontend.steps._guards import (
     array_bytes,
     first_failure,
     tensor_name,
+)
+from ir_runtime._frontend.steps._hot import (
+    ARG,
+    GRAD,
+    HOSTREAD,
+    HYPER,
+    OUT,
+    PGRAD,
+    STATE,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -76,40 +81,21 @@ def unflatten(structure, leaves):
     return build(structure)
 
 
-def leaf_key(k: int, x):
-    if type(x) is LazyTensor:  # the common case first: its value's Shape (dims and dtype)
-        return (True, x._ir.shape, x.requires_grad)
-    if isinstance(x, torch.Tensor):
-        return (type(x) is LazyTensor, tuple(x.shape), x.dtype, x.requires_grad)
-    try:
-        hash(x)
-    except TypeError:
-        raise TypeError(
-            f"argument leaf {k} of a compiled step is a {type(x).__name__}, which is neither a "
-            f"tensor nor hashable; a compiled step's Python arguments are part of its key "
-            f"(pass tensors, numbers, strings, or tuples, lists and dicts of them)"
-        ) from None
-    return (type(x), x)
-
-
 # ---------------------------------------------------------------------------------------------
 # What a replay reads and writes.
 
 _GRAD_GUARDS = (GradGuard, UnsetGradGuard, GradReadGuard)
-ARG, STATE, CONST, RNG = "arg", "state", "const", "rng"  # where a parameter's data comes from
+# Where a parameter's data comes from (defined in ``_hot``, compared by identity): ARG an
+# argument, STATE a tensor's current data, CONST an array, RNG the random key.
 # HOSTREAD: a host tensor the program reads, alive after the call and read by nothing but the
 # program (a learning rate a scheduler fills in place): placed from its memory at every replay.
-HOSTREAD = "host read"
 # HYPER: a number among an optimizer's hyperparameters, lent to its step (``_lend``): placed as
 # the optimizer's group holds it at every replay, as ``(optimizer reference, group index, key,
 # index in a tuple or None, dtype)``.
-HYPER = "hyperparameter"
 # PGRAD: the current ``.grad`` of a tensor, whichever tensor that is then: read as a parameter,
 # or written in place as a result (``p.grad`` accumulated into, or zeroed).
-PGRAD = "p.grad"
-# What a result binds to, besides STATE, ARG, PGRAD: GRAD is a new ``.grad`` of a tensor, HOST a
-# host argument the step wrote in place.
-OUT, GRAD, DROP, HOST = "out", "grad", "drop", "host"
+# What a result binds to, besides STATE, ARG, PGRAD: OUT a returned tensor, GRAD a new ``.grad``
+# of a tensor, HOST a host argument the step wrote in place, DROP nothing.
 
 
 class Miss:
@@ -247,57 +233,20 @@ class Replay:
         return unflatten(self.structure, outputs)
 
     def _bind(self, exe, raw, leaves: list) -> list:
-        """Bind the step's results where the traced call put them; its outputs."""
+        """Bind the step's results where the traced call put them; its outputs (``_hot``)."""
         writes = self._writes
         if writes is None:
             writes = self._writes = tuple(
                 (kind, x, exe.out_shapes[k], exe.out_specs[k], k) for kind, x, k in self.bindings
             )
-        outputs = list(self.statics)
-        for kind, x, shape, spec, k in writes:
-            data = DeviceData(shape, raw[k], spec)  # as exe.results makes it, for the bound only
-            if kind is OUT:
-                outputs[x] = LazyTensor(Value(data))
-            elif kind is STATE:
-                t = x()
-                if t is not None:
-                    t._bind(data)
-                    if t._views:  # views taken outside the step follow it, as in eager
-                        write_through(t)
-            elif kind is GRAD:
-                t = x()
-                if t is not None:
-                    t.grad = LazyTensor(Value(data))
-            elif kind is PGRAD:  # written in place: whichever tensor p.grad is (guarded)
-                t = x().grad
-                t._bind(data)
-                if t._views:
-                    write_through(t)
-            elif kind is ARG:  # the caller's lazy tensor, written by the step
-                leaves[x]._bind(data)
-                if leaves[x]._views:
-                    write_through(leaves[x])
-            elif kind is HOST:
-                write_host(leaves[x], data)
-        for ref in self.cleared:  # zero_grad() in the step
-            t = ref()
-            if t is not None:
-                t.grad = None
-        _rng.next_step()
-        _metrics.count("StepReplay")
-        for ref in self.schedulers:  # (a scheduler freed since: nothing can step it)
-            scheduler = ref()
-            if scheduler is not None:
-                scheduler.step()
-        return outputs
+        return _hot.bind(self, writes, raw, leaves)
 
-    def _inputs(self, leaves: list, replayable_args: list, ran: bool = False):
+    def _inputs(self, leaves: list, replayable_args: list):
         """The program's arguments, from the current data of the tensors it reads; a ``Miss``
         when one of them is gone or holds no data of the shape traced (the last guard). Pending
         work on a tensor it reads (``zero_grad(set_to_none=False)`` or ``w.clamp_()`` outside
-        the step) is run first, by one ``mark_step``, as a traced call would run it."""
-        arrays = []
-        rng = None
+        the step) is run first, by one ``mark_step``, as a traced call would run it (``_hot``
+        reads them)."""
         reads = self._reads
         if reads is None:
             donated = set(self.exe.donate)
@@ -307,65 +256,22 @@ class Replay:
                     zip(self.sources, self.shapes, self.exe.in_shardings, self.specs, strict=True)
                 )
             )
-        copies = None
-        for kind, x, shape, sharding, donated, spec in reads:
-            if kind is CONST:
-                arrays.append(x)
-                continue
-            if kind is HOSTREAD:  # its value now, as eager reads it
-                t = x()
-                if t is None or shape_of(t) != shape:
-                    return Miss(_unreadable(kind, x, None if t is None else shape_of(t), shape))
-                _metrics.count("TransferToDevice")
-                arrays.append(put(host_numpy(t), sharding))
-                continue
-            if kind is HYPER:  # (its optimizer's guard saw the group, and a number there)
-                arrays.append(self._number(len(arrays), x, sharding))
-                continue
-            if kind is STATE:
-                t = _alive(x)
-                if t is None:
-                    return Miss(_unreadable(kind, x, None, shape))
-                shared = donated and not _donation.sole(t, 0)
-                node = t._ir.node
-            elif kind is PGRAD:  # (a guard saw p alive, its .grad a lazy tensor)
-                t = x().grad
-                # The step may drop p.grad (zero_grad()) without rebinding it: its buffer is
-                # donated only if nothing but p.grad holds the tensor (the local t; p.grad).
-                shared = donated and not (_donation.refs(t) == 2 and _donation.sole(t, 0))
-                node = t._ir.node
-            elif kind is ARG:
-                leaf = leaves[x]
-                if replayable_args[x] is None:  # a host tensor: placed straight from its memory
-                    _metrics.count("TransferToDevice")
-                    arrays.append(put(host_numpy(leaf), sharding))
-                    continue
-                shared = donated and not _donation.sole(leaf, 1)  # (replayable_args holds its node)
-                node = replayable_args[x]
-            else:  # RNG: drawn last, once nothing can send the call back to tracing
-                rng = len(arrays)
-                arrays.append(sharding)
-                continue
-            if type(node) is not DeviceData and kind is not ARG and not ran:
-                _step.mark_step()  # (nothing placed so far is kept: read them all again)
-                return self._inputs(leaves, replayable_args, ran=True)
-            if type(node) is not DeviceData or node.shape != shape:
-                return Miss(_unreadable(kind, x, node, shape))
-            if node.sharding != spec:  # (placed anew since: mark_sharding, a placement)
-                return Miss(_moved(kind, x, shape, node.sharding, spec))
-            if shared:  # donated, yet still read elsewhere: the program takes a copy
-                if copies is None:
-                    copies = []
-                copies.append(len(arrays))
-            arrays.append(place(node, sharding))
-        for k in copies or ():
-            _metrics.count("DonationCopies")
-            arrays[k] = jax.device_put(arrays[k], may_alias=False)
-        if self.reseed is not None:  # as the traced call did (CPU torch's generator too)
-            torch.manual_seed(self.reseed)
-        if rng is not None:
-            arrays[rng] = place(_rng.draw()[0].node, arrays[rng])
+        arrays = _hot.read_inputs(self, reads, leaves, replayable_args, False)
+        if arrays is None:
+            _step.mark_step()  # (nothing placed so far is kept: read them all again)
+            arrays = _hot.read_inputs(self, reads, leaves, replayable_args, True)
         return arrays
+
+    def _read_host(self, kind, x, shape, sharding, k: int):
+        """Parameter ``k``, read from the host at every replay: a host tensor's value now, as
+        eager reads it (HOSTREAD), or a number an optimizer's group holds (HYPER)."""
+        if kind is HYPER:  # (its optimizer's guard saw the group, and a number there)
+            return self._number(k, x, sharding)
+        t = x()
+        if t is None or shape_of(t) != shape:
+            return Miss(_unreadable(kind, x, None if t is None else shape_of(t), shape))
+        _metrics.count("TransferToDevice")
+        return put(host_numpy(t), sharding)
 
     def _number(self, k: int, where, sharding):
         """Parameter ``k``: the number ``where`` names in its optimizer's group now, placed
@@ -403,3 +309,12 @@ def _alive(refs):
         if t is not None:
             return t
     return None
+
+
+_hot.configure(
+    miss_=Miss,
+    unreadable_=_unreadable,
+    moved_=_moved,
+    read_host_=Replay._read_host,
+    write_host_=write_host,
+)

@@ -39,7 +39,7 @@ from ir_runtime._frontend.steps._guards import (
     as_runs,
     tensor_name,
 )
-from ir_runtime._frontend.steps._replay import (
+from ir_runtime._frontend.steps._hot import (
     ARG,
     CONST,
     DROP,
@@ -51,6 +51,8 @@ from ir_runtime._frontend.steps._replay import (
     PGRAD,
     RNG,
     STATE,
+)
+from ir_runtime._frontend.steps._replay import (
     Replay,
     flatten,
     unflatten,

@@ -1,0 +1,217 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""A compiled step's replay in C: the call's argument key, the program's inputs read from the
+tensors' current data, and its results bound where the traced call put them.
+
+``_replay.Replay`` owns the plan: it zips its sources and bindings with what the executable says
+of each once (``_reads``, ``_writes``) and hands those tables here on every replay. The common
+kinds (a tensor's data, a lazy argument, a constant, a returned tensor, a tensor's new data) run
+as C loops; the rare ones (a host tensor read afresh, a number lent to an optimizer, a host
+argument written back, a read that fails) call the same Python helpers the plan's tracing uses.
+
+Donation decides by reference counts (``_donation.sole``), calibrated for a caller whose locals
+hold what the loop holds: each call of it here is made holding the same references the loop
+always held (the tensor in a local, no temporary of its value or node), so the counts are the
+ones the rule was written for. A count that came out high would only keep a buffer from being
+donated (a copy), never donate one that is read elsewhere.
+"""
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+
+import jax
+import torch
+
+from ir_core import DeviceData, Value
+from ir_runtime import _donation, _metrics
+from ir_runtime._data import put
+from ir_runtime._execute import place
+from ir_runtime._frontend.recording import _rng
+from ir_runtime._frontend.recording._convert import host_numpy
+from ir_runtime._frontend.recording._tensor import LazyTensor
+from ir_runtime._frontend.recording._views import write_through
+from ir_runtime._jaxapi import ArrayImpl
+
+# Where a program parameter's data comes from, and what a result binds to (``_replay`` says
+# what each means). Compared by identity.
+ARG, STATE, CONST, RNG = "arg", "state", "const", "rng"
+HOSTREAD = "host read"
+HYPER = "hyperparameter"
+PGRAD = "p.grad"
+OUT, GRAD, DROP, HOST = "out", "grad", "drop", "host"
+
+cdef object _ARG = ARG, _STATE = STATE, _CONST = CONST, _HOSTREAD = HOSTREAD
+cdef object _HYPER = HYPER, _PGRAD = PGRAD, _OUT = OUT, _GRAD = GRAD, _HOST = HOST
+cdef object _DEVICE_DATA = DeviceData, _VALUE = Value, _LAZY = LazyTensor, _ARRAY = ArrayImpl
+cdef object _sole = _donation.sole, _refs = _donation.refs, _place = place
+cdef object _count = _metrics.count, _next_step = _rng.next_step, _write_through = write_through
+cdef object _grad_enabled = torch.is_grad_enabled
+
+# The plan's Python helpers for what the loops leave to Python (``_replay`` sets them).
+cdef object miss = None        # why -> a Miss
+cdef object unreadable = None  # (kind, x, node, shape) -> why the data cannot be read
+cdef object moved = None       # (kind, x, shape, now, traced) -> why it is placed otherwise
+cdef object read_host = None   # (plan, kind, x, shape, sharding, k) -> an array, or a Miss
+cdef object write_host = None  # (host tensor, DeviceData) -> None: the result copied into it
+
+
+def configure(*, miss_, unreadable_, moved_, read_host_, write_host_):
+    global miss, unreadable, moved, read_host, write_host
+    miss, unreadable, moved = miss_, unreadable_, moved_
+    read_host, write_host = read_host_, write_host_
+
+
+def leaf_key(Py_ssize_t k, x):
+    """One argument leaf's part of the call's key: a lazy tensor's Shape (dims and dtype) and
+    whether it requires grad; a host tensor's dims, dtype and requires_grad; a Python value
+    itself (it must hash)."""
+    if type(x) is _LAZY:
+        return (True, x._ir.shape, x.requires_grad)
+    if isinstance(x, torch.Tensor):
+        return (False, tuple(x.shape), x.dtype, x.requires_grad)
+    try:
+        hash(x)
+    except TypeError:
+        raise TypeError(
+            f"argument leaf {k} of a compiled step is a {type(x).__name__}, which is neither a "
+            f"tensor nor hashable; a compiled step's Python arguments are part of its key "
+            f"(pass tensors, numbers, strings, or tuples, lists and dicts of them)"
+        ) from None
+    return (type(x), x)
+
+
+def call_key(structure, leaves):
+    """The call's key: its arguments' structure, the grad mode, and each leaf's ``leaf_key``."""
+    cdef Py_ssize_t k, n = len(leaves)
+    cdef tuple key = PyTuple_New(n + 2)
+    _set(key, 0, structure)
+    _set(key, 1, _grad_enabled())
+    for k in range(n):
+        _set(key, k + 2, leaf_key(k, leaves[k]))
+    return key
+
+
+def read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
+    """``Replay._inputs``: the program's arguments; a ``Miss`` when one cannot be read as
+    traced; None when a tensor it reads holds pending work and ``ran`` is False (the caller
+    runs it, then reads them all again, holding nothing read so far)."""
+    cdef list arrays = []
+    cdef list copies = None
+    cdef Py_ssize_t rng = -1
+    cdef bint shared
+    for item in reads:
+        kind, x, shape, sharding, donated, spec = <tuple>item
+        if kind is _CONST:
+            arrays.append(x)
+            continue
+        if kind is _HOSTREAD or kind is _HYPER:
+            got = read_host(plan, kind, x, shape, sharding, len(arrays))
+            if type(got) is miss:
+                return got
+            arrays.append(got)
+            continue
+        if kind is _STATE:
+            t = _alive(x)
+            if t is None:
+                return miss(unreadable(kind, x, None, shape))
+            shared = donated and not _sole(t, 0)
+            node = t._ir.node
+        elif kind is _PGRAD:  # (a guard saw p alive, its .grad a lazy tensor)
+            t = x().grad
+            # The step may drop p.grad (zero_grad()) without rebinding it: its buffer is
+            # donated only if nothing but p.grad holds the tensor (the local t; p.grad).
+            shared = donated and not (_refs(t) == 2 and _sole(t, 0))
+            node = t._ir.node
+        elif kind is _ARG:
+            leaf = leaves[x]
+            if replayable_args[x] is None:  # a host tensor: placed straight from its memory
+                _count("TransferToDevice")
+                arrays.append(put(host_numpy(leaf), sharding))
+                continue
+            shared = donated and not _sole(leaf, 1)  # (replayable_args holds its node)
+            node = replayable_args[x]
+        else:  # RNG: drawn last, once nothing can send the call back to tracing
+            rng = len(arrays)
+            arrays.append(sharding)
+            continue
+        if type(node) is not _DEVICE_DATA:
+            if kind is not _ARG and not ran:
+                return None
+            return miss(unreadable(kind, x, node, shape))
+        if node.shape != shape:
+            return miss(unreadable(kind, x, node, shape))
+        if node.sharding != spec:  # (placed anew since: mark_sharding, a placement)
+            return miss(moved(kind, x, shape, node.sharding, spec))
+        if shared:  # donated, yet still read elsewhere: the program takes a copy
+            if copies is None:
+                copies = []
+            copies.append(len(arrays))
+        h = node.handle
+        if type(h) is _ARRAY and h.sharding is sharding and not h.is_deleted():
+            arrays.append(h)  # the steady state: a result of the previous step, where it belongs
+        else:
+            arrays.append(_place(node, sharding))
+    if copies is not None:
+        for k in copies:
+            _count("DonationCopies")
+            arrays[k] = jax.device_put(arrays[k], may_alias=False)
+    if plan.reseed is not None:  # as the traced call did (CPU torch's generator too)
+        torch.manual_seed(plan.reseed)
+    if rng >= 0:
+        arrays[rng] = _place(_rng.draw()[0].node, arrays[rng])
+    return arrays
+
+
+def bind(plan, tuple writes, raw, leaves):
+    """``Replay._bind``: bind the step's results where the traced call put them; its outputs."""
+    cdef list outputs = list(plan.statics)
+    for item in writes:
+        kind, x, shape, spec, k = <tuple>item
+        data = _DEVICE_DATA(shape, raw[k], spec)  # as exe.results makes it, for the bound only
+        if kind is _OUT:
+            outputs[x] = _LAZY(_VALUE(data))
+        elif kind is _STATE:
+            t = x()
+            if t is not None:
+                t._bind(data)
+                if t._views:  # views taken outside the step follow it, as in eager
+                    _write_through(t)
+        elif kind is _GRAD:
+            t = x()
+            if t is not None:
+                t.grad = _LAZY(_VALUE(data))
+        elif kind is _PGRAD:  # written in place: whichever tensor p.grad is (guarded)
+            t = x().grad
+            t._bind(data)
+            if t._views:
+                _write_through(t)
+        elif kind is _ARG:  # the caller's lazy tensor, written by the step
+            t = leaves[x]
+            t._bind(data)
+            if t._views:
+                _write_through(t)
+        elif kind is _HOST:
+            write_host(leaves[x], data)
+    for ref in plan.cleared:  # zero_grad() in the step
+        t = ref()
+        if t is not None:
+            t.grad = None
+    _next_step()
+    _count("StepReplay")
+    for ref in plan.schedulers:  # (a scheduler freed since: nothing can step it)
+        scheduler = ref()
+        if scheduler is not None:
+            scheduler.step()
+    return outputs
+
+
+cdef object _alive(object refs):
+    """The first of ``refs`` (weak references) whose tensor is alive, or None."""
+    for r in refs:
+        t = r()
+        if t is not None:
+            return t
+    return None
+
+
+cdef inline void _set(tuple t, Py_ssize_t k, object v):
+    Py_INCREF(v)
+    PyTuple_SET_ITEM(t, k, v)
