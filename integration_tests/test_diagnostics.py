@@ -23,6 +23,24 @@ def debug():
     irt.set_debug(False)
 
 
+@pytest.mark.rematerializes
+def test_the_suite_sees_xla_rematerialize_a_value_in_full():
+    """The watch every test here runs under (conftest's ``pytest_runtest_call``)
+    sees the partitioner's fallback: a slice across the shards of one axis, placed over
+    another, which XLA can only reach by replicating it first. The values stay right."""
+    from conftest import REMATERIALIZED, StderrAtFd
+
+    host = torch.randn(8, 16, 1024)
+    x = irt.to_lazy(host)
+    irt.mark_sharding(x, MESH, (None, None, ("data", "model")))
+    y = x[:, :, 40:424] * 2
+    irt.mark_sharding(y, MESH, ("data", None, None))
+    with StderrAtFd() as err:
+        irt.mark_step()
+    assert REMATERIALIZED in err.text
+    torch.testing.assert_close(y.cpu(), host[:, :, 40:424] * 2)
+
+
 def test_a_llama_step_names_transformers_lines_and_explains_a_recompile(debug, capsys):
     model = irt.to_lazy(hf_models.causal("llama").eval())
     logits = {}
