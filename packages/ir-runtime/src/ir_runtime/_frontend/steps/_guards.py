@@ -7,9 +7,11 @@ call again and records that guard's ``why()`` (``CompiledStep.last_guard_failure
 A guard's ``holds()`` is its check; it allocates nothing and reads only what it must. A replay
 runs the checks one run of same-class guards at a time (``as_runs``), through the class's
 ``all_hold``: for the kinds a step has one of per tensor, that is one loop over the guards'
-``packed()`` tuples, as cheap as the inline loop over a list it replaces (a method call per
-guard would not be). ``why()`` runs only once a guard has failed, on the state that made it
-fail, and names what changed.
+``packed()`` tuples (a method call per guard would not be). The checks every replay makes for
+optimizers, modules and gradients run in C (``_hot``: ``optimizer_holds``, ``module_holds``,
+the ``*_all_hold`` loops); their Python twins (``holds`` of the per-tensor kinds) serve
+``first_failure``. ``why()`` runs only once a guard has failed, on the state that made it fail,
+and names what changed.
 
 Tensors, optimizers and modules are held weakly (an optimizer's state table and parameter
 lists strongly: neither a dict nor a list can be weakly referenced; a new trace lets them go).
@@ -27,6 +29,7 @@ import torch
 
 from ir_runtime._frontend.recording._convert import host_numpy
 from ir_runtime._frontend.recording._tensor import LazyTensor
+from ir_runtime._frontend.steps import _hot
 
 _ref = weakref.ref
 _NONE = object()  # a key missing from a table
@@ -214,28 +217,7 @@ class OptimizerGuard(Guard):
             for i, (g, h) in enumerate(zip(opt.param_groups, self.hyper, strict=True))
         )
 
-    def holds(self) -> bool:
-        opt = self.ref()
-        state = self.state
-        if opt is None or opt.state is not state or len(state) != self.size:
-            return False  # gone, or its state loaded (load_state_dict replaces the table)
-        groups, saved = opt.param_groups, self.groups
-        if len(groups) != len(saved):
-            return False
-        for group, (table, n, size, items) in zip(groups, saved, strict=True):
-            if len(group) != size or group.get("params") is not table or len(table) != n:
-                return False
-            for k, v, key in items:
-                now = group.get(k, _NONE)
-                if v is _TENSOR:
-                    if not isinstance(now, torch.Tensor) or _tensor_key(now, self.inputs) != key:
-                        return False
-                elif v is _NUMBER:
-                    if _number_key(now) != key:
-                        return False
-                elif now is not v and (isinstance(now, torch.Tensor) or now != v):
-                    return False
-        return True
+    holds = _hot.optimizer_holds  # (the check every replay makes, in C)
 
     def why(self) -> str:
         name = f"optimizer {self.kind}"
@@ -292,29 +274,7 @@ class ModuleGuard(Guard):
         self.buffers = tuple((k, _weak(v)) for k, v in m._buffers.items())
         self.children = tuple((k, _weak(v)) for k, v in m._modules.items())
 
-    def holds(self) -> bool:
-        m = self.ref()
-        if m is None or m.training is not self.training:
-            return False
-        table, params = m._parameters, self.params
-        if len(table) != len(params):
-            return False
-        for k, ref, requires_grad in params:
-            p = table.get(k)
-            if (
-                (p is not None)
-                if ref is None
-                else (p is not ref() or p.requires_grad is not requires_grad)
-            ):
-                return False
-        for table, saved in ((m._buffers, self.buffers), (m._modules, self.children)):
-            if len(table) != len(saved):
-                return False
-            for k, ref in saved:
-                v = table.get(k)
-                if (v is not None) if ref is None else (v is not ref()):
-                    return False
-        return True
+    holds = _hot.module_holds  # (the check every replay makes, in C)
 
     def why(self) -> str:
         m = self.ref()
@@ -389,13 +349,7 @@ class GradGuard(_TensorGuard):
     def packed(self):
         return (self.ref, self.was_none)
 
-    @staticmethod
-    def all_hold(packed) -> bool:
-        for ref, was_none in packed:
-            t = ref()
-            if t is None or (t.grad is None) is not was_none:
-                return False
-        return True
+    all_hold = staticmethod(_hot.grad_all_hold)  # (a replay's check, in C)
 
     def why(self) -> str:
         if self.ref() is None:
@@ -419,13 +373,7 @@ class UnsetGradGuard(_TensorGuard):
     def packed(self):
         return self.ref
 
-    @staticmethod
-    def all_hold(packed) -> bool:
-        for ref in packed:
-            t = ref()
-            if t is not None and t.grad is not None:
-                return False
-        return True
+    all_hold = staticmethod(_hot.unset_grad_all_hold)  # (a replay's check, in C)
 
     def why(self) -> str:
         return f"p.grad of {self._name()} was None when traced and is set now"
@@ -446,13 +394,7 @@ class GradReadGuard(_TensorGuard):
     def packed(self):
         return self.ref
 
-    @staticmethod
-    def all_hold(packed) -> bool:
-        for ref in packed:
-            t = ref()
-            if t is None or type(t.grad) is not LazyTensor:
-                return False
-        return True
+    all_hold = staticmethod(_hot.grad_read_all_hold)  # (a replay's check, in C)
 
     def why(self) -> str:
         t = self.ref()
@@ -479,13 +421,7 @@ class RequiresGradGuard(_TensorGuard):
     def packed(self):
         return (self.ref, self.flag)
 
-    @staticmethod
-    def all_hold(packed) -> bool:
-        for ref, flag in packed:
-            t = ref()
-            if t is None or t.requires_grad is not flag:
-                return False
-        return True
+    all_hold = staticmethod(_hot.requires_grad_all_hold)  # (a replay's check, in C)
 
     def why(self) -> str:
         t = self.ref()
@@ -575,6 +511,10 @@ class HostGuard(_TensorGuard):
             return f"{name} changed in place ({changed} of {a.size} values)"
         return f"{name} changed from {_array_text(then)} to {_array_text(a)}"
 
+
+_hot.configure_guards(
+    none=_NONE, tensor=_TENSOR, number=_NUMBER, tensor_key=_tensor_key, number_key=_number_key
+)
 
 __all__ = [
     "ConditionGuard",

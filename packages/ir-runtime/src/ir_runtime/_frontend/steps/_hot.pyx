@@ -215,3 +215,123 @@ cdef object _alive(object refs):
 cdef inline void _set(tuple t, Py_ssize_t k, object v):
     Py_INCREF(v)
     PyTuple_SET_ITEM(t, k, v)
+
+
+# ---------------------------------------------------------------------------------------------
+# Guards' checks (``_guards``: each class's capture and explanation stay there; what a replay
+# runs before every call is here). ``_guards`` hands over its markers and keys.
+
+cdef object _NONE = None, _TENSOR = None, _NUMBER = None
+cdef object _tensor_key = None, _number_key = None
+cdef object _TENSOR_TYPE = torch.Tensor
+
+
+def configure_guards(*, none, tensor, number, tensor_key, number_key):
+    global _NONE, _TENSOR, _NUMBER, _tensor_key, _number_key
+    _NONE, _TENSOR, _NUMBER = none, tensor, number
+    _tensor_key, _number_key = tensor_key, number_key
+
+
+def optimizer_holds(guard):
+    """``OptimizerGuard.holds``: the optimizer alive, its state table the same and as large,
+    each group's parameter list and size, and each hyperparameter as traced."""
+    opt = guard.ref()
+    state = guard.state
+    if opt is None or opt.state is not state or len(state) != guard.size:
+        return False  # gone, or its state loaded (load_state_dict replaces the table)
+    groups = opt.param_groups
+    cdef tuple saved = guard.groups
+    if len(groups) != len(saved):
+        return False
+    cdef Py_ssize_t i
+    for i in range(len(saved)):
+        group = groups[i]
+        table, n, size, items = <tuple>saved[i]
+        if len(group) != size or group.get("params") is not table or len(table) != n:
+            return False
+        for item in <tuple>items:
+            k, v, key = <tuple>item
+            now = group.get(k, _NONE)
+            if v is _TENSOR:
+                if not isinstance(now, _TENSOR_TYPE) or _tensor_key(now, guard.inputs) != key:
+                    return False
+            elif v is _NUMBER:
+                if _number_key(now) != key:
+                    return False
+            elif now is not v and (isinstance(now, _TENSOR_TYPE) or now != v):
+                return False
+    return True
+
+
+def module_holds(guard):
+    """``ModuleGuard.holds``: the module alive, in the same mode, with the same parameters
+    (each requiring grad as traced), buffers and submodules."""
+    m = guard.ref()
+    if m is None or m.training is not guard.training:
+        return False
+    table = m._parameters
+    cdef tuple params = guard.params
+    if len(table) != len(params):
+        return False
+    for item in params:
+        k, ref, requires_grad = <tuple>item
+        p = table.get(k)
+        if ref is None:
+            if p is not None:
+                return False
+        elif p is not ref() or p.requires_grad is not requires_grad:
+            return False
+    return _same_entries(m._buffers, guard.buffers) and _same_entries(m._modules, guard.children)
+
+
+cdef bint _same_entries(object table, tuple saved) except -1:
+    """Each name of ``saved`` holds the object its weak reference names (None: nothing)."""
+    if len(table) != len(saved):
+        return False
+    for item in saved:
+        k, ref = <tuple>item
+        v = table.get(k)
+        if ref is None:
+            if v is not None:
+                return False
+        elif v is not ref():
+            return False
+    return True
+
+
+def grad_all_hold(tuple packed):
+    """``GradGuard.all_hold``: each tensor alive, its ``.grad`` None as it was when traced."""
+    for item in packed:
+        ref, was_none = <tuple>item
+        t = ref()
+        if t is None or (t.grad is None) is not was_none:
+            return False
+    return True
+
+
+def unset_grad_all_hold(tuple packed):
+    """``UnsetGradGuard.all_hold``: each tensor freed, or its ``.grad`` still None."""
+    for ref in packed:
+        t = ref()
+        if t is not None and t.grad is not None:
+            return False
+    return True
+
+
+def grad_read_all_hold(tuple packed):
+    """``GradReadGuard.all_hold``: each tensor alive, its ``.grad`` a lazy tensor."""
+    for ref in packed:
+        t = ref()
+        if t is None or type(t.grad) is not _LAZY:
+            return False
+    return True
+
+
+def requires_grad_all_hold(tuple packed):
+    """``RequiresGradGuard.all_hold``: each tensor alive, requiring grad as traced."""
+    for item in packed:
+        ref, flag = <tuple>item
+        t = ref()
+        if t is None or t.requires_grad is not flag:
+            return False
+    return True
