@@ -346,29 +346,51 @@ def test_dump_shows_the_graph_after_the_rewrite_rules():
     torch.testing.assert_close(irt.to_torch(out), (a @ b).t())
 
 
-def test_batched_products_keep_their_batch_dims_as_jax_writes_them():
-    """torch's matmul of 4-d tensors and linear on a 3-d input merge the batch dims into one
-    (a view) around bmm / mm; they are lowered as one dot_general over the dims apart (as
-    jax.grad writes the same product, so XLA's partitioner sees the same graph), with eager's
-    values and gradients."""
+def _products(mesh):
+    """Eager's and the lazy gradients of a step with torch's batched products (matmul of 4-d
+    tensors, linear on a 3-d input: both merge the batch dims into one, a view, around bmm /
+    mm), and the StableHLO of the lazy ones; ``mesh``: the inputs' batch placed over "data"."""
     torch.manual_seed(0)
-    lin = torch.nn.Linear(16, 32)
-    q, k, x = (torch.randn(*s, requires_grad=True) for s in ((2, 4, 8, 16),) * 2 + ((2, 8, 16),))
+    lin = torch.nn.Linear(16, 24)
+    q, k, x = (torch.randn(*s, requires_grad=True) for s in ((4, 4, 8, 16),) * 2 + ((4, 8, 16),))
 
     def f(q, k, x, lin):
         return (q @ k.transpose(-1, -2)).softmax(-1).sum() + lin(x).square().mean()
 
-    lq, lk, lx = (irt.to_lazy(t.detach()).requires_grad_() for t in (q, k, x))
+    lq, lk, lx = (irt.to_lazy(t.detach()) for t in (q, k, x))
+    if mesh is not None:
+        for t in (lq, lk, lx):
+            irt.mark_sharding(t, mesh, ("data",) + (None,) * (t.dim() - 1))
+    for t in (lq, lk, lx):
+        t.requires_grad_()
     llin = irt.to_lazy(copy.deepcopy(lin))
     f(q, k, x, lin).backward()
-    out = f(lq, lk, lx, llin)
-    out.backward()
+    f(lq, lk, lx, llin).backward()
     grads = [lq.grad, lk.grad, lx.grad, llin.weight.grad]
     text = irt.dump(grads, format="stablehlo")
-    assert "tensor<8x8x16xf32>" not in text and "tensor<16x16xf32>" not in text, text
-    assert "batching_dims = [0, 1] x [0, 1]" in text, text
     for got, want in zip(grads, [q.grad, k.grad, x.grad, lin.weight.grad], strict=True):
         torch.testing.assert_close(irt.to_torch(got), want, rtol=1e-5, atol=1e-6)
+    return text
+
+
+def test_batched_products_keep_their_batch_dims_as_jax_writes_them_under_a_mesh():
+    """Under a mesh, the products are one dot_general over the dims torch merged, apart (as
+    jax.grad writes the same product, so XLA's partitioner sees the same graph)."""
+    text = _products(MESH)
+    assert "tensor<16x8x16xf32>" not in text and "tensor<32x16xf32>" not in text, text
+    assert "batching_dims = [0, 1] x [0, 1]" in text, text
+    assert "contracting_dims = [0, 1] x [0, 1]" in text, text  # the weight's gradient
+
+
+def test_batched_products_on_one_device_are_matrix_products():
+    """On one device, a linear layer's products, forward and backward, are matrix products of
+    the batch flattened (what XLA's CPU emitter runs without copying a transposed operand);
+    attention's batched products keep their batch dims."""
+    text = _products(None)
+    assert "contracting_dims = [0, 1]" not in text, text  # the weight's gradient: one dim
+    assert "(tensor<32x24xf32>, tensor<32x16xf32>) -> tensor<24x16xf32>" in text, text
+    assert "(tensor<32x16xf32>, tensor<24x16xf32>) -> tensor<32x24xf32>" in text, text
+    assert "batching_dims = [0, 1] x [0, 1]" in text, text  # q @ k^T as before
 
 
 def test_tensors_no_longer_alive_are_not_computed():

@@ -15,6 +15,7 @@ from ir_runtime._lowering._registry import (
     HALF_NAMES,
     NATIVE,
     ONCE,
+    ONE_DEVICE,
     OPERANDS,
     ROUNDING,
     WIDE,
@@ -140,11 +141,15 @@ def function(g: Graph, out_order=None, checks=None):
 
     def run(*args):
         env = {id(p): (a,) for p, a in zip(params, args, strict=True)}
-        with _runtime_checks.collecting(checks) as collector:
-            for n in order:
-                if type(n) is not DeviceData:
-                    operands = [env[id(v.node)][v.index] for v in n.operands]
-                    env[id(n)] = lower_node(n, operands, program)
+        one = ONE_DEVICE.set(program.mesh is None and len(program.devices) == 1)
+        try:
+            with _runtime_checks.collecting(checks) as collector:
+                for n in order:
+                    if type(n) is not DeviceData:
+                        operands = [env[id(v.node)][v.index] for v in n.operands]
+                        env[id(n)] = lower_node(n, operands, program)
+        finally:
+            ONE_DEVICE.reset(one)
         outs = [env[id(r.node)][r.index] for r in roots]
         outs = tuple(outs if out_order is None else (outs[k] for k in out_order))
         return outs if collector is None else (*outs, collector.result())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -19,6 +20,10 @@ OPERANDS: dict[str, _schema.Operands] = {}
 # Called after a rule is added: the front end forgets how it routed ops, so an op it has
 # decomposed or refused is recorded from now on.
 ON_CHANGE: list[Callable[[], None]] = []
+
+# Whether the program being lowered runs on one device (no mesh): a rule may then pick the form
+# XLA's emitters run fastest, with no partitioner to read it (``_lower.function`` sets it).
+ONE_DEVICE: contextvars.ContextVar[bool] = contextvars.ContextVar("one_device", default=False)
 
 # -- half precision: one rounding per op, as eager -------------------------------------------
 #

@@ -7,11 +7,20 @@ eager's kernels do."""
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ir_runtime._lowering._registry import ACCUMULATE, cast, family, out_dtype, scalar
+from ir_runtime._lowering._registry import (
+    ACCUMULATE,
+    ONE_DEVICE,
+    cast,
+    family,
+    out_dtype,
+    scalar,
+)
 
 register = family(ACCUMULATE)
 
@@ -31,12 +40,54 @@ def _ir_dot(node, x, y, bias=None):
     batch dims the rewrite rules folded in: ``_rewrite``), plus ``addmm``'s epilogue when there
     is a bias."""
     dt = out_dtype(node)
-    prod = lax.dot_general(
-        x, y, node.attrs["dims"], precision=_PRECISION, preferred_element_type=dt
-    )
+    dims = node.attrs["dims"]
+    prod = _flat_product(x, y, dims, dt) if ONE_DEVICE.get() else None
+    if prod is None:
+        prod = lax.dot_general(x, y, dims, precision=_PRECISION, preferred_element_type=dt)
     if bias is None:
         return prod.astype(dt)
     return _epilogue(prod, bias, node.attrs["alpha"], node.attrs["beta"], dt)
+
+
+def _consecutive(dims) -> bool:
+    return list(dims) == list(range(dims[0], dims[0] + len(dims)))
+
+
+def _flat_product(x, y, dims, dt):
+    """The product as one matrix product, when reshapes alone make it one: each operand's
+    contracted dims side by side and its other dims side by side (what a linear layer on a
+    batch of sequences is, forward and backward); None otherwise, or when it already is one.
+
+    On one device only (``ONE_DEVICE``): XLA's CPU emitter runs a ``dot_general`` that
+    contracts two dims (a weight's gradient, over batch and sequence) or keeps two free dims by
+    copying a transposed operand first, and fuses the elementwise work before it into that
+    copy; a matrix product reads its transposed operand in place (a small Llama's training
+    step on CPU: the copies took about a sixth of it). Under a mesh the form stays the one
+    ``jax.grad`` writes, which XLA's partitioner places well: a merged dim carries only its
+    major part's placement."""
+    (lc, rc), (lb, rb) = dims
+    if lb or rb or not lc or len(lc) != len(rc):
+        return None
+    lf = [d for d in range(x.ndim) if d not in lc]
+    rf = [d for d in range(y.ndim) if d not in rc]
+    if not lf or not rf or not all(map(_consecutive, (lc, rc, lf, rf))):
+        return None
+    if len(lc) == 1 and len(lf) == 1 and len(rf) == 1:
+        return None  # a matrix product already
+
+    def matrix(a, contract, free):
+        k = math.prod(a.shape[d] for d in contract)
+        m = math.prod(a.shape[d] for d in free)
+        if contract[0] == 0:  # contracted dims first
+            return a.reshape(k, m), 0
+        return a.reshape(m, k), 1
+
+    a, ca = matrix(x, lc, lf)
+    b, cb = matrix(y, rc, rf)
+    prod = lax.dot_general(
+        a, b, (((ca,), (cb,)), ((), ())), precision=_PRECISION, preferred_element_type=dt
+    )
+    return prod.reshape(tuple(x.shape[d] for d in lf) + tuple(y.shape[d] for d in rf))
 
 
 @register("aten::dot.default")
