@@ -340,6 +340,25 @@ def test_group_norm_statistics_of_empty_groups():
 
 
 @pytest.mark.parametrize("dim", [0, -1])
+def test_softmax_of_masked_rows_infinities_and_large_values(dim):
+    """Softmax's normalizer is subtracted inside the exponent: a row masked to -inf in part
+    (attention's causal mask), a row all -inf and one holding +inf (NaN, as eager), values
+    near float32's range, and a tiny probability, each as eager gives them."""
+    inf = float("inf")
+    x = torch.tensor(
+        [
+            [0.0, -inf, 1.0],
+            [-inf, -inf, -inf],
+            [inf, 0.0, 1.0],
+            [1e30, 1e30, -1e30],
+            [-88.0, 0.0, 3],
+        ]
+    )
+    check("_softmax", x, dim, False)
+    compare(lambda v: torch.softmax(v, dim), x, grad=False)
+
+
+@pytest.mark.parametrize("dim", [0, -1])
 def test_softmax_family_0d(dim):
     """A 0-d tensor is its own one element (softmax 1, log-softmax 0), and so is its gradient."""
     x, g = rnd(), rnd()

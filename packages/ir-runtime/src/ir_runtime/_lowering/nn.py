@@ -22,9 +22,17 @@ def _along_dim(fn, node, *xs):
     return fn(*(x.reshape(1) for x in xs), 0).reshape(()).astype(out_dtype(node))
 
 
+def _softmax_along(v, axis):
+    """``exp(v - max - log(sum(exp(v - max))))``: the normalizer is subtracted inside the
+    exponent, so XLA fuses the last pass into one elementwise loop instead of keeping a
+    full-size broadcast of ``1 / sum`` (what ``v / sum`` becomes on its CPU backend)."""
+    shifted = v - jnp.max(v, axis=axis, keepdims=True)
+    return jnp.exp(shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)))
+
+
 @register("aten::_softmax.default", "aten::softmax.int")
 def _softmax(node, x):
-    return _along_dim(lambda v, a: jax.nn.softmax(v, axis=a), node, x.astype(out_dtype(node)))
+    return _along_dim(_softmax_along, node, x.astype(out_dtype(node)))
 
 
 @register("aten::_log_softmax.default", "aten::log_softmax.int")
