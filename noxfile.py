@@ -180,7 +180,10 @@ def lint(session):
     pyx = [
         f"{CORE}/src/ir_core/{name}"
         for name in ("_nodes.pyx", "_nodes.pxd", "_graph.pyx", "_canon.pxd")
-    ] + [f"{RUNTIME}/src/ir_runtime/_frontend/recording/_fast.pyx"]
+    ] + [
+        f"{RUNTIME}/src/ir_runtime/_frontend/recording/_fast.pyx",
+        f"{RUNTIME}/src/ir_runtime/_frontend/steps/_hot.pyx",
+    ]
     session.run("cython-lint", "--max-line-length", "100", *pyx)
 
 
