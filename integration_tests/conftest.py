@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -38,8 +39,6 @@ class StderrAtFd:
     in ``text`` once closed; written on to the stderr it replaced, so nothing is lost."""
 
     def __enter__(self):
-        import tempfile
-
         sys.stderr.flush()
         self._file = tempfile.TemporaryFile()
         self._saved = os.dup(2)

@@ -100,7 +100,7 @@ def _data_nodes(leaves) -> list:
 
 
 def _new_signature(last: tuple, key: tuple) -> str:
-    """What differs between two argument keys (``leaf_key``s after the structure and grad
+    """What differs between two argument keys (``_hot._leaf_key``s after the structure and grad
     mode), as ``last_guard_failure`` says it."""
     then = "a new argument signature, traced (and replayed once two of its calls agree)"
     if last[0] != key[0] or len(last) != len(key):

@@ -59,7 +59,7 @@ def configure(*, miss_, unreadable_, moved_, read_host_, write_host_):
     read_host, write_host = read_host_, write_host_
 
 
-def leaf_key(Py_ssize_t k, x):
+cdef object _leaf_key(Py_ssize_t k, object x):
     """One argument leaf's part of the call's key: a lazy tensor's Shape (dims and dtype) and
     whether it requires grad; a host tensor's dims, dtype and requires_grad; a Python value
     itself (it must hash)."""
@@ -79,13 +79,13 @@ def leaf_key(Py_ssize_t k, x):
 
 
 def call_key(structure, leaves):
-    """The call's key: its arguments' structure, the grad mode, and each leaf's ``leaf_key``."""
+    """The call's key: its arguments' structure, the grad mode, and each leaf's ``_leaf_key``."""
     cdef Py_ssize_t k, n = len(leaves)
     cdef tuple key = PyTuple_New(n + 2)
     _set(key, 0, structure)
     _set(key, 1, _grad_enabled())
     for k in range(n):
-        _set(key, k + 2, leaf_key(k, leaves[k]))
+        _set(key, k + 2, _leaf_key(k, leaves[k]))
     return key
 
 
@@ -109,7 +109,7 @@ def read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
             arrays.append(got)
             continue
         if kind is _STATE:
-            t = _alive(x)
+            t = alive(x)
             if t is None:
                 return miss(unreadable(kind, x, None, shape))
             shared = donated and not _sole(t, 0)
@@ -203,7 +203,7 @@ def bind(plan, tuple writes, raw, leaves):
     return outputs
 
 
-cdef object _alive(object refs):
+cpdef object alive(object refs):
     """The first of ``refs`` (weak references) whose tensor is alive, or None."""
     for r in refs:
         t = r()

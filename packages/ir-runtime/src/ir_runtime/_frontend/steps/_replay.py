@@ -37,6 +37,7 @@ from ir_runtime._frontend.steps._hot import (
     OUT,
     PGRAD,
     STATE,
+    alive,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class Replay:
         for (k1, x1), (k2, x2) in zip(self.sources, other.sources, strict=True):
             if (
                 k1 != k2
-                or (k1 == STATE and _alive(x1) is not _alive(x2))
+                or (k1 == STATE and alive(x1) is not alive(x2))
                 or ((k1 == PGRAD or k1 == HOSTREAD) and x1() is not x2())
                 or (k1 == HYPER and (x1[0]() is not x2[0]() or x1[1:] != x2[1:]))
                 or (k1 == ARG and x1 != x2)
@@ -300,15 +301,6 @@ def write_host(t: torch.Tensor, data: DeviceData) -> None:
     _metrics.count("TransferToHost")
     with torch.no_grad():
         t.copy_(host_tensor(fetch(data.handle), data.shape.dtype))
-
-
-def _alive(refs):
-    """The first of ``refs`` (weak references) whose tensor is alive, or None."""
-    for r in refs:
-        t = r()
-        if t is not None:
-            return t
-    return None
 
 
 _hot.configure(
