@@ -100,6 +100,10 @@ _FRONTEND = {
         "regions._shard_map",
     ),
     "scan_layers": "regions._scan",
+    **dict.fromkeys(
+        ("STACK_SAFE_OPTIMIZERS", "StackWarning", "stack_layers", "unstack_layers"),
+        "regions._stack",
+    ),
     **dict.fromkeys(("call_jax", "jax_op"), "regions._jax"),
     **dict.fromkeys(("mark_sharding_with_gradients", "shard_as"), "regions._layouts"),
     **dict.fromkeys(("CheckpointManager", "consolidated_state_dict"), "io._checkpoints"),
@@ -151,6 +155,7 @@ def supported_ops() -> list[str]:
 
 __all__ = [
     "CACHE",
+    "STACK_SAFE_OPTIMIZERS",
     "AutocastWarning",
     "CaptureWarning",
     "CheckedDivisionError",
@@ -187,6 +192,7 @@ __all__ = [
     "RecomputeError",
     "RuntimeIRError",
     "ShardedLoader",
+    "StackWarning",
     "UnsupportedOpError",
     "all_gather",
     "all_reduce",
@@ -227,11 +233,13 @@ __all__ = [
     "set_program_checks",
     "shard_as",
     "shard_map",
+    "stack_layers",
     "supported_ops",
     "to_device",
     "to_host",
     "to_lazy",
     "to_torch",
+    "unstack_layers",
     "visualize_sharding",
     "wait_device_ops",
 ]

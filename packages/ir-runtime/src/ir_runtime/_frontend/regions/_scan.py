@@ -22,12 +22,15 @@ anything is recorded.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.func import functional_call
 
 from ir_core import DeviceData, Generic, Shape, Value
 from ir_runtime._frontend.recording._convert import ir_dtype
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
+from ir_runtime._frontend.regions import _stack
 from ir_runtime._frontend.steps import _step
 from ir_runtime._lowering.regions.scan import Body, add_body
 
@@ -35,6 +38,47 @@ from ir_runtime._lowering.regions.scan import Body, add_body
 def _tensors(layer) -> list:
     """The layer's parameters and buffers, by name, in a fixed order."""
     return [*layer.named_parameters(), *layer.named_buffers()]
+
+
+def _described(layer) -> list:
+    """``(name, shape, dtype)`` of each tensor the layer reads, in ``_tensors``' order: a
+    stacked layer's (``stack_layers``) from its stack, without making views."""
+    at = _stack.layer_of(layer)
+    if at is None:
+        return [(n, tuple(t.shape), t.dtype) for n, t in _tensors(layer)]
+    owner, _ = at
+    stack = _stack.stack_of(owner)
+    return [
+        (path, tuple(stack.tensor(owner, flat).shape[1:]), stack.tensor(owner, flat).dtype)
+        for path, flat, _, _ in stack.entries
+    ]
+
+
+def _layer_tensors(layer) -> list:
+    """``_tensors``, a stacked layer's as views of its rows."""
+    at = _stack.layer_of(layer)
+    if at is None:
+        return _tensors(layer)
+    owner, i = at
+    stack = _stack.stack_of(owner)
+    return [(path, stack.tensor(owner, flat).select(0, i)) for path, flat, _, _ in stack.entries]
+
+
+def _stacked_run(layers):
+    """The stacked tensors of ``layers`` when they are a contiguous run of one stack (sliced
+    unless the whole of it), else None."""
+    at = [_stack.layer_of(layer) for layer in layers]
+    owner = at[0][0] if at[0] is not None else None
+    if owner is None or any(a is None or a[0] is not owner for a in at):
+        return None
+    start = at[0][1]
+    if [a[1] for a in at] != list(range(start, start + len(at))):
+        return None
+    stack = _stack.stack_of(owner)
+    out = [stack.tensor(owner, flat) for _, flat, _, _ in stack.entries]
+    if len(at) != stack.count:
+        out = [t[start : start + len(at)] for t in out]
+    return out
 
 
 def _check(layers) -> list:
@@ -49,14 +93,14 @@ def _check(layers) -> list:
     if not layers:
         raise ValueError("scan_layers needs at least one layer")
     first = layers[0]
-    spec = [(n, tuple(t.shape), t.dtype) for n, t in _tensors(first)]
+    spec = _described(first)
     for i, layer in enumerate(layers[1:], 1):
         if type(layer) is not type(first):
             raise ValueError(
                 f"scan_layers needs layers of one structure: layer {i} is a "
                 f"{type(layer).__name__}, layer 0 a {type(first).__name__}"
             )
-        mine = [(n, tuple(t.shape), t.dtype) for n, t in _tensors(layer)]
+        mine = _described(layer)
         if mine != spec:
             for a, b in zip(spec + [None] * len(mine), mine + [None] * len(spec), strict=True):
                 if a != b:
@@ -67,7 +111,7 @@ def _check(layers) -> list:
             )
         if layer.training is not first.training:
             raise ValueError(f"scan_layers: layer {i} is in another mode (train/eval) than layer 0")
-    for name, t in _tensors(first):
+    for name, t in _tensors(first) if _stack.layer_of(first) is None else ():
         if not isinstance(t, LazyTensor):
             raise TypeError(
                 f"scan_layers runs lazy layers; {name!r} of layer 0 is on {t.device} "
@@ -87,16 +131,20 @@ def _trace_body(layer, x: LazyTensor) -> tuple[Body, list]:
     """One layer's forward on placeholders: its body, and the Values of its free inputs."""
     carry = DeviceData(Shape(ir_dtype(x.dtype), tuple(x.shape)))
     names, placeholders = [], []
-    for name, t in _tensors(layer):
+    for name, shape, dtype in _described(layer):
         names.append(name)
-        placeholders.append(DeviceData(Shape(ir_dtype(t.dtype), tuple(t.shape))))
+        placeholders.append(DeviceData(Shape(ir_dtype(dtype), shape)))
     # Isolated: nothing recorded on the placeholders is live (an error leaves no pending work
     # that no step could run), and a tensor from outside written in place keeps its value.
     kind = f"scan_layers: {type(layer).__name__}.forward"
     with _step.Isolated(kind) as isolated, _step.watch() as seen, torch.no_grad():
         inputs = {n: wrap(Value(p)) for n, p in zip(names, placeholders, strict=True)}
         before = {n: v._ir for n, v in inputs.items()}
-        out = functional_call(layer, inputs, (wrap(Value(carry)),))
+        if _stack.layer_of(layer) is None:
+            out = functional_call(layer, inputs, (wrap(Value(carry)),))
+        else:  # (a stacked layer's names are views: bound to the placeholders instead)
+            with _stack.bound(layer, inputs):
+                out = layer(wrap(Value(carry)))
     if isolated.written:
         raise ValueError(
             f"{kind} writes a tensor {isolated.written[0]} that is neither its input nor one "
@@ -146,30 +194,35 @@ class _Scan(torch.autograd.Function):
     """The stack's forward as one scan node; its backward, the scan's vjp node."""
 
     @staticmethod
-    def forward(ctx, body_name, free, layers_count, x, *tensors):
-        p = len(tensors) // layers_count
-        stacked = [torch.stack(tensors[j::p]) for j in range(p)]
+    def forward(ctx, body_name, free, layers_count, is_stacked, x, *tensors):
+        if is_stacked:  # (stored stacked: stack_layers)
+            p, stacked = len(tensors), list(tensors)
+        else:
+            p = len(tensors) // layers_count
+            stacked = [torch.stack(tensors[j::p]) for j in range(p)]
         attrs = {"body": body_name, "params": p, "layers": layers_count}
         node = Generic(
             "ir::scan_layers", [x._ir, *(s._ir for s in stacked), *free], [x._ir.shape], attrs
         )
         ctx.save_for_backward(x, *stacked)
-        ctx.meta = (body_name, free, layers_count, p)
+        ctx.meta = (body_name, free, layers_count, p, is_stacked)
         return wrap(Value(node))
 
     @staticmethod
     def backward(ctx, grad):
         x, *stacked = ctx.saved_tensors
-        body_name, free, layers_count, p = ctx.meta
+        body_name, free, layers_count, p, is_stacked = ctx.meta
         attrs = {"body": body_name, "params": p, "layers": layers_count}
         operands = [x._ir, *(s._ir for s in stacked), *free, grad._ir]
         shapes = [x._ir.shape, *(s._ir.shape for s in stacked)]
         node = Generic("ir::scan_layers_grad", operands, shapes, attrs)
         gx = wrap(Value(node, 0))
+        if is_stacked:
+            return (None, None, None, None, gx, *(wrap(Value(node, 1 + j)) for j in range(p)))
         per_param = [wrap(Value(node, 1 + j)).unbind(0) for j in range(p)]
         # Back in the order forward took them: layer by layer, each layer's tensors in turn.
         grads = [per_param[j][i] for i in range(layers_count) for j in range(p)]
-        return (None, None, None, gx, *grads)
+        return (None, None, None, None, gx, *grads)
 
 
 def scan_layers(layers, x):
@@ -196,5 +249,15 @@ def _scan_layers(layers, x, peel: bool):
         # layer's input is: run it as it is, as eager would, and scan the rest.
         return _scan_layers(layers[1:], layers[0](x), peel=False)
     name = add_body(body)
-    tensors = [t for layer in layers for _, t in _tensors(layer)]
-    return _Scan.apply(name, free, len(layers), x, *tensors)
+    stacked = _stacked_run(layers)
+    if stacked is not None:
+        return _Scan.apply(name, free, len(layers), True, x, *stacked)
+    if any(_stack.layer_of(layer) is not None for layer in layers):
+        warnings.warn(
+            "scan_layers: these layers are not one contiguous run of a stack_layers stack; "
+            "their tensors are stacked for this call, as unstacked layers' are",
+            _stack.StackWarning,
+            stacklevel=3,
+        )
+    tensors = [t for layer in layers for _, t in _layer_tensors(layer)]
+    return _Scan.apply(name, free, len(layers), False, x, *tensors)
