@@ -66,8 +66,9 @@ from ir_runtime._errors import (
 )
 from ir_runtime._frontend.recording import _rng
 from ir_runtime._frontend.recording._convert import host_numpy, host_tensor, ir_dtype
-from ir_runtime._frontend.recording._tensor import LazyTensor, live
+from ir_runtime._frontend.recording._tensor import LazyTensor, live, wrap
 from ir_runtime._frontend.recording._views import write_through
+from ir_runtime._frontend.regions._stack import stack_of, stacked_rows
 from ir_runtime._frontend.steps import _step
 from ir_sharding import Mesh, ShardingSpec
 
@@ -329,6 +330,25 @@ def _rebind(t: LazyTensor, array, spec) -> None:
         t._set(value)  # host data, as to_lazy leaves it: the next program places it
     if t._views:
         write_through(t)
+
+
+class _Restack:
+    """A stacked tensor of ``stack_layers`` restored from its per-layer keys: once every row
+    is read, the stacked tensor takes them, stacked on the device."""
+
+    __slots__ = ("flat", "owner", "rows")
+
+    def __init__(self, owner, flat):
+        self.owner, self.flat = owner, flat
+        self.rows = [None] * stack_of(owner).count
+
+    def take(self, i: int, spec, array) -> None:
+        self.rows[i] = wrap(_value_of(array, spec))
+        if all(r is not None for r in self.rows):
+            t = stack_of(self.owner).tensor(self.owner, self.flat)
+            with torch.no_grad():
+                t.copy_(torch.stack(self.rows))
+            self.rows = [None] * len(self.rows)
 
 
 def _copy_host(t: torch.Tensor, array) -> None:
@@ -641,6 +661,14 @@ class CheckpointManager:
                 out[name] = {
                     k: _Entry(own.get(k, t)) for k, t in part.state_dict(keep_vars=True).items()
                 }
+                restacks: dict = {}
+                for k, (owner, flat, i) in stacked_rows(part).items():
+                    if k in out[name]:
+                        r = restacks.get((id(owner), flat))
+                        if r is None:
+                            r = restacks[(id(owner), flat)] = _Restack(owner, flat)
+                        entry = out[name][k]
+                        entry.assign = lambda a, r=r, i=i, e=entry: r.take(i, e.spec, a)
             elif isinstance(part, torch.optim.Optimizer):
                 out[name] = _OptimizerTarget(part, meta, name)
             elif isinstance(part, torch.Tensor):

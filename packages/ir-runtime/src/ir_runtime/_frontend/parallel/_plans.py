@@ -50,6 +50,7 @@ from ir_runtime._frontend.parallel._dtensor import place
 from ir_runtime._frontend.parallel._mesh import LazyDeviceMesh, as_lazy_mesh
 from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._tensor import LazyTensor
+from ir_runtime._frontend.regions._stack import is_stacked
 from ir_sharding import ShardingError
 
 _TORCH_STYLES = (
@@ -540,7 +541,8 @@ def fully_shard(
 ):
     """FSDP2's ``fully_shard`` on a mesh of ``ir_runtime.device_mesh``: every parameter of
     ``module`` not taken by an inner ``fully_shard`` (nor in ``ignored_params``) sharded on dim
-    0 (or the ``Shard`` that ``shard_placement_fn`` returns) over ``mesh`` (a 2-d mesh: replicated
+    0 (a stacked one of ``stack_layers``: dim 1, each layer's dim 0; or the ``Shard`` that
+    ``shard_placement_fn`` returns) over ``mesh`` (a 2-d mesh: replicated
     over dim 0, sharded over dim 1, as HSDP), beside the placements tensor parallelism gave it;
     its gradient placed alike. ``mp_policy``: the parameters cast to ``param_dtype`` for the
     module's forward, gradients reduced in ``reduce_dtype``, floating inputs cast when
@@ -585,15 +587,25 @@ def fully_shard(
                 owners.setdefault(id(p), (p, []))[1].append((owner, name))
     plan = []
     for p, where in owners.values():
-        shard = shard_placement_fn(p) if shard_placement_fn is not None else Shard(0)
+        # A stacked parameter (stack_layers) is split on each layer's dim 0, its dim 1: the
+        # layer dim stays whole, so a scan's step reads its layer where it is.
+        stacked = is_stacked(p)
+        if stacked and mp_policy.param_dtype is not None:
+            raise ShardingError(
+                f"fully_shard: param_dtype casts a module's parameters around its forward, and "
+                f"the stacked {where[0][1]} (stack_layers) is read by scan_layers, outside any "
+                f"forward of its layers; cast the model, or leave the layers unstacked"
+            )
+        default = Shard(1) if stacked else Shard(0)
+        shard = shard_placement_fn(p) if shard_placement_fn is not None else default
         if shard is None:
-            shard = Shard(0)
+            shard = default
         if type(shard) is not Shard:
             raise ShardingError(
                 f"fully_shard: shard_placement_fn gave {shard!r} for {where[0][1]}: a Shard"
             )
         placements = (shard,) if mesh.ndim == 1 else (Replicate(), shard)
-        if p.dim() == 0:  # (a scalar: on every device)
+        if p.dim() == 0 or (stacked and p.dim() == 1):  # (a scalar: on every device)
             placements = (Replicate(),) * mesh.ndim
         what = f"fully_shard: {where[0][1]} {tuple(p.shape)}"
         placements = P.check_placements(mesh, placements, p.dim(), what)
