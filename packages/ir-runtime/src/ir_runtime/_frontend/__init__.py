@@ -19,7 +19,8 @@ By stage, each group importing only the groups above it (and the graph layer):
     (tracing one call into a replay) -> ``_capture`` (``compile_step``); ``_generate``.
 ``regions/``
     Bodies traced once and scopes: ``_shard_map`` (manual regions, collectives), ``_scan``
-    (``scan_layers``), ``_recompute`` (``torch.utils.checkpoint``), ``_autocast``,
+    (``scan_layers``), ``_stack`` (``stack_layers``: a stack's tensors stored stacked),
+    ``_recompute`` (``torch.utils.checkpoint``), ``_autocast``,
     ``_layouts`` (placements that follow into gradients).
 ``io/``
     Data in and out: ``_checkpoints`` (``CheckpointManager``), ``_loader``
