@@ -233,7 +233,7 @@ def test_layers_that_cannot_be_stacked_stay_as_they_were_with_one_warning(spoil,
     assert [(n, p) for n, p in lazy.named_parameters()] == before
 
 
-def test_scan_over_layers_of_two_stacks_stacks_their_views_with_one_warning():
+def test_scan_over_layers_not_one_run_of_the_stack_stacks_their_views_with_one_warning():
     eager, lazy = stacked_pair()
     x = data()
     h = x
@@ -331,3 +331,64 @@ def test_bad_containers_are_refused_by_name():
         irt.stack_layers(list(irt.to_lazy(stack())))
     with pytest.raises(ValueError, match="layer 1 is a Linear, layer 0 a Block"):
         irt.stack_layers(irt.to_lazy(torch.nn.ModuleList([Block(16), torch.nn.Linear(16, 16)])))
+
+
+def test_a_replaced_submodule_keeps_its_own_tensors_and_the_scan_refuses_the_changed_stack():
+    eager, lazy = stacked_pair()
+    new = torch.nn.Linear(16, 32)
+    eager[2].up = copy.deepcopy(new)
+    lazy[2].up = irt.to_lazy(new)
+    assert_state_equal(lazy, eager, exact=True)  # layer 2's up: its own tensors, in order
+    other = stack(seed=9)
+    lazy.load_state_dict(other.state_dict())
+    assert_state_equal(lazy, other, exact=True)  # its keys loaded into it, not into the stack
+    with pytest.raises(ValueError, match="deleted, moved or replaced"):
+        irt.scan_layers(lazy, irt.to_lazy(data()))
+    h = irt.to_lazy(data())
+    for layer in lazy:  # (the layers one by one read what they hold)
+        h = layer(h)
+    want = data()
+    for layer in other:
+        want = layer(want)
+    np.testing.assert_allclose(irt.to_torch(h).numpy(), want.detach().numpy(), rtol=1e-5)
+
+
+def test_a_deleted_layer_gives_its_row_to_no_other():
+    eager, lazy = stacked_pair()
+    del eager[0]
+    del lazy[0]
+    assert_state_equal(lazy, eager, exact=True)  # "0.up.weight" is the old layer 1's
+    irt.unstack_layers(lazy)
+    assert_state_equal(lazy, eager, exact=True)
+    assert [n for n, _ in lazy.named_parameters()] == [n for n, _ in eager.named_parameters()]
+
+
+def test_after_unstack_layers_an_optimizer_of_the_stack_refuses_to_step():
+    _, lazy = stacked_pair()
+    opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
+    irt.unstack_layers(lazy)
+    with pytest.raises(ValueError, match=r"holds the parameter norm__weight that unstack_layers replaced"):
+        opt.step()
+
+
+def test_a_deep_copy_is_a_stack_too():
+    _, lazy = stacked_pair()
+    twin = copy.deepcopy(lazy)
+    assert twin.up__weight is not lazy.up__weight
+    irt.scan_layers(twin, irt.to_lazy(data())).square().mean().backward()
+    opt = torch.optim.Adafactor(twin.parameters())
+    with pytest.raises(ValueError, match="Adafactor updates the stacked"):
+        opt.step()
+    with torch.no_grad():
+        twin[1].up.weight.zero_()
+    assert irt.to_torch(lazy[1].up.weight).abs().sum() > 0  # the copy's own storage
+    assert irt.to_torch(twin.up__weight[1]).abs().sum() == 0
+
+
+def test_stacks_do_not_nest():
+    torch.manual_seed(0)
+    outer = irt.to_lazy(torch.nn.ModuleList(torch.nn.ModuleList([Block(16), Block(16)])
+                                            for _ in range(2)))  # fmt: skip
+    irt.stack_layers(outer[0])
+    with pytest.raises(ValueError, match="stacks do not nest|one structure"):
+        irt.stack_layers(outer)

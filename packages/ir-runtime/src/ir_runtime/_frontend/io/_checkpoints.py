@@ -340,15 +340,17 @@ class _Restack:
 
     def __init__(self, owner, flat):
         self.owner, self.flat = owner, flat
-        self.rows = [None] * stack_of(owner).count
+        self.rows: dict = {}  # row -> its restored tensor (None: still to read)
 
     def take(self, i: int, spec, array) -> None:
         self.rows[i] = wrap(_value_of(array, spec))
-        if all(r is not None for r in self.rows):
+        if all(r is not None for r in self.rows.values()):
             t = stack_of(self.owner).tensor(self.owner, self.flat)
+            # (a row no layer reads any more, a deleted layer's, keeps its value)
+            rows = [self.rows.get(i, t.detach()[i]) for i in range(t.shape[0])]
             with torch.no_grad():
-                t.copy_(torch.stack(self.rows))
-            self.rows = [None] * len(self.rows)
+                t.copy_(torch.stack(rows))
+            self.rows = dict.fromkeys(self.rows)
 
 
 def _copy_host(t: torch.Tensor, array) -> None:
@@ -662,13 +664,15 @@ class CheckpointManager:
                     k: _Entry(own.get(k, t)) for k, t in part.state_dict(keep_vars=True).items()
                 }
                 restacks: dict = {}
-                for k, (owner, flat, i) in stacked_rows(part).items():
-                    if k in out[name]:
-                        r = restacks.get((id(owner), flat))
-                        if r is None:
-                            r = restacks[(id(owner), flat)] = _Restack(owner, flat)
-                        entry = out[name][k]
-                        entry.assign = lambda a, r=r, i=i, e=entry: r.take(i, e.spec, a)
+                rows = {k: at for k, at in stacked_rows(part).items() if k in out[name]}
+                for owner, flat, i in rows.values():
+                    r = restacks.get((id(owner), flat))
+                    if r is None:
+                        r = restacks[(id(owner), flat)] = _Restack(owner, flat)
+                    r.rows[i] = None  # (a row to wait for)
+                for k, (owner, flat, i) in rows.items():
+                    r, entry = restacks[(id(owner), flat)], out[name][k]
+                    entry.assign = lambda a, r=r, i=i, e=entry: r.take(i, e.spec, a)
             elif isinstance(part, torch.optim.Optimizer):
                 out[name] = _OptimizerTarget(part, meta, name)
             elif isinstance(part, torch.Tensor):

@@ -75,7 +75,16 @@ def _stacked_run(layers):
     if [a[1] for a in at] != list(range(start, start + len(at))):
         return None
     stack = _stack.stack_of(owner)
+    if stack is None or not _stack.intact(owner):
+        raise ValueError(
+            "scan_layers: the layers of this stack were deleted, moved or replaced (or a "
+            "submodule of one) since stack_layers; ir_runtime.unstack_layers them, change "
+            "them, then stack_layers again"
+        )
     out = [stack.tensor(owner, flat) for _, flat, _, _ in stack.entries]
+    for t, (_, flat, is_param, _) in zip(out, stack.entries, strict=True):
+        if is_param:
+            _stack.register(t, flat)  # (the container's own, whatever replaced it: a copy)
     if len(at) != stack.count:
         out = [t[start : start + len(at)] for t in out]
     return out

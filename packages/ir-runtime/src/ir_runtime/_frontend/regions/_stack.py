@@ -240,6 +240,13 @@ def stack_layers(layers):
             "stack_layers: these layers belong to another stack already (ir_runtime."
             "unstack_layers that one first)"
         )
+    for layer in listed:
+        for name, m in layer.named_modules():
+            if stack_of(m) is not None:
+                raise ValueError(
+                    f"stack_layers: {name or 'the layer'} of these layers is a stack already "
+                    f"(ir_runtime.unstack_layers it first: stacks do not nest)"
+                )
     tensors = [_tensors(layer) for layer in listed]
     why = _why_not(listed, tensors)
     if why is None and not tensors[0]:
@@ -260,8 +267,12 @@ def stack_layers(layers):
     made = {}
     for j, (path, t0) in enumerate(tensors[0]):
         flat = path.replace(".", SEP)
-        if flat in layers._parameters or flat in layers._buffers or flat in layers._modules:
-            raise ValueError(f"stack_layers: the container already has a {flat!r}")
+        taken = layers._parameters, layers._buffers, layers._modules, made
+        if any(flat in names for names in taken):
+            raise ValueError(
+                f"stack_layers: {path!r} would be named {flat!r}, which the container has "
+                f"already (or another name of the layers gives)"
+            )
         with torch.no_grad():
             data = torch.stack([row[j][1].detach() for row in tensors])
         if path in buffers:
@@ -290,7 +301,7 @@ def stack_layers(layers):
             sub, _, name = path.rpartition(".")
             m = layer.get_submodule(sub)
             if is_param:
-                _RETIRED[m._parameters.pop(name)] = f"{i}.{path}"
+                _RETIRED[m._parameters.pop(name)] = (f"{i}.{path}", "stack_layers", "a stacked one")
             else:
                 m._buffers.pop(name)
                 m._non_persistent_buffers_set.discard(name)
@@ -303,6 +314,7 @@ def stack_layers(layers):
     layers.__dict__["_irt_hooks"] = (
         layers._register_state_dict_hook(_save_hook),
         layers._register_load_state_dict_pre_hook(_load_hook, with_module=True),
+        layers.register_load_state_dict_post_hook(_loaded_hook),
     )
     return layers
 
@@ -321,52 +333,60 @@ def _compute(tensors) -> None:
 
 
 def unstack_layers(layers):
-    """Give each layer of a stacked container its own tensors back (rows of the stacked ones,
-    annotations without the layer dim); returns ``layers``. Not stacked: nothing to do."""
+    """Give each layer of a stacked container its own tensors back: the row it reads (by its
+    own tag, so a deleted or moved layer takes nothing from another), annotations without the
+    layer dim; returns ``layers``. An optimizer of the stacked parameters then refuses to step.
+    Not stacked: nothing to do."""
     from ir_runtime._frontend.recording._api import annotate
 
     stack = stack_of(layers)
     if stack is None:
         return layers
-    listed = list(layers)
-    rows = {}
-    for path, flat, is_param, keep in stack.entries:
+    rows = rows_of(layers)
+    given = {}  # (flat, row) -> its own tensor, made before anything changes
+    for _, _, flat, row in rows:
+        if (flat, row) in given:
+            continue
         t = stack.tensor(layers, flat)
         spec = t._spec
         if spec is not None and spec.partition_spec is not None:
             spec = ShardingSpec(spec.mesh, spec.partition_spec[1:])
         with torch.no_grad():
-            row = [t.detach()[i].clone() for i in range(stack.count)]
-        if is_param:
-            row = [torch.nn.Parameter(r, requires_grad=t.requires_grad) for r in row]
-            for r in row:
-                r._view = None
+            r = t.detach()[row].clone()
+        if flat in layers._parameters:
+            r = torch.nn.Parameter(r, requires_grad=t.requires_grad)
+            r._view = None
         if spec is not None:
-            for r in row:
-                annotate(r, spec)
-        rows[path] = (row, is_param, keep)
-    _compute([r for row, _, _ in rows.values() for r in row])
+            annotate(r, spec)
+        given[(flat, row)] = r
+    _compute(list(given.values()))
+    keep = {flat: k for _, flat, _, k in stack.entries}
     for handle in layers.__dict__.pop("_irt_hooks"):
         handle.remove()
+    for position, path, flat, row in rows:
+        sub, _, name = path.rpartition(".")
+        m = layers[position].get_submodule(sub)
+        if isinstance(m, _Viewing):
+            m.__class__ = type(m).__mro__[2]
+            del m.__dict__["_irt_view"]
+        if flat in layers._parameters:
+            m.register_parameter(name, given[(flat, row)])
+        else:
+            m.register_buffer(name, given[(flat, row)], persistent=keep[flat])
+    for layer in layers.modules():
+        if isinstance(layer, _Viewing) and layer.__dict__["_irt_view"][0] is layers:
+            layer.__class__ = type(layer).__mro__[2]  # (a layer no longer in the container)
+            del layer.__dict__["_irt_view"]
+        if layer.__dict__.get("_irt_layer", (None,))[0] is layers:
+            del layer.__dict__["_irt_layer"]
     for _, flat, is_param, _ in stack.entries:
         if is_param:
-            _STACKED.pop(layers._parameters.pop(flat), None)
+            p = layers._parameters.pop(flat)
+            _STACKED.pop(p, None)
+            _RETIRED[p] = (flat, "unstack_layers", "each layer's own row")
         else:
             layers._buffers.pop(flat)
             layers._non_persistent_buffers_set.discard(flat)
-    for i, layer in enumerate(listed):
-        for m in layer.modules():
-            if isinstance(m, _Viewing):
-                m.__class__ = type(m).__mro__[2]
-                del m.__dict__["_irt_view"]
-        for path, (row, is_param, keep) in rows.items():
-            sub, _, name = path.rpartition(".")
-            m = layer.get_submodule(sub)
-            if is_param:
-                m.register_parameter(name, row[i])
-            else:
-                m.register_buffer(name, row[i], persistent=keep)
-        del layer.__dict__["_irt_layer"]
     del layers.__dict__["_irt_stack"]
     return layers
 
@@ -374,44 +394,74 @@ def unstack_layers(layers):
 # -- state_dict --------------------------------------------------------------------------------
 
 
+def rows_of(layers) -> list:
+    """``(position, path, flat, row)`` for each stacked name each layer at ``position`` of the
+    container still reads from the stack (its module there is the view ``stack_layers`` made
+    for that row): by the layers' own tags, so a deleted, moved or replaced layer or submodule
+    is never given another's row (a replaced one has its own tensors, and keys)."""
+    stack = stack_of(layers)
+    out = []
+    for position, layer in enumerate(layers):
+        at = layer_of(layer)
+        if at is None or at[0] is not layers:
+            continue
+        modules = dict(layer.named_modules())
+        for path, flat, _, _ in stack.entries:
+            sub, _, name = path.rpartition(".")
+            m = modules.get(sub)
+            view = None if m is None else m.__dict__.get("_irt_view")
+            if view is not None and view[0] is layers and name in type(m)._irt_names:
+                out.append((position, path, flat, view[1]))
+    return out
+
+
+def intact(layers) -> bool:
+    """Whether every layer of the container reads every stacked name from its own row, in
+    order: nothing deleted, moved or replaced since ``stack_layers``."""
+    stack = stack_of(layers)
+    rows = rows_of(layers)
+    return (
+        len(layers) == stack.count
+        and len(rows) == stack.count * len(stack.entries)
+        and all(position == row for position, _, _, row in rows)
+    )
+
+
 def _save_hook(module, state_dict, prefix, local_metadata):
-    """The container's stacked entries as per-layer keys, in the order they had."""
+    """The container's stacked entries as per-layer keys, each layer's in the order the
+    unstacked layer had them (a replaced layer or submodule: its own tensors, as they come)."""
     stack = stack_of(module)
     mine = {k: state_dict.pop(k) for k in list(state_dict) if k.startswith(prefix)}
-    flat_of = {path: flat for path, flat, _, keep in stack.entries if keep}
-    for i in range(stack.count):
+    stacked = {flat: mine.pop(f"{prefix}{flat}") for _, flat, _, keep in stack.entries if keep}
+    rows = {(position, path): (flat, row) for position, path, flat, row in rows_of(module)}
+    for position in range(len(module)):
+        here = f"{prefix}{position}."
         for key in stack.keys:
-            name = f"{prefix}{i}.{key}"
-            flat = flat_of.get(key)
-            if flat is not None and f"{prefix}{flat}" in mine:
-                state_dict[name] = mine[f"{prefix}{flat}"][i]
-            elif name in mine:  # (a replaced layer's own tensor)
+            name = here + key
+            if name in mine:
                 state_dict[name] = mine.pop(name)
-    for k, v in mine.items():  # what is not a layer's: as it was
-        if not any(k == f"{prefix}{flat}" for flat in flat_of.values()):
-            state_dict[k] = v
+            elif (position, key) in rows:
+                flat, row = rows[(position, key)]
+                state_dict[name] = stacked[flat][row]
+        for k in [k for k in mine if k.startswith(here)]:
+            state_dict[k] = mine.pop(k)
+    state_dict.update(mine)  # what is not a layer's: as it was
 
 
 def _load_hook(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
-    """Per-layer keys stacked into the container's entries (a row absent keeps its value and
-    is named missing); a stacked key given as it is loads as it is."""
+    """Per-layer keys stacked into the container's entries, each into the row its layer reads
+    (a row whose key is absent keeps its value, and the key is named missing)."""
     stack = stack_of(module)
-    for path, flat, _, keep in stack.entries:
-        if not keep:
-            continue
-        names = [f"{prefix}{i}.{path}" for i in range(stack.count)]
-        given = [n in state_dict for n in names]
-        if not any(given):
+    wanted: dict = {}  # flat -> {row: key}
+    for position, path, flat, row in rows_of(module):
+        wanted.setdefault(flat, {})[row] = f"{prefix}{position}.{path}"
+    for _, flat, _, keep in stack.entries:
+        keys = wanted.get(flat, {})
+        if not keep or not any(k in state_dict for k in keys.values()):
             continue
         current = stack.tensor(module, flat)
-        rows = [
-            torch.as_tensor(state_dict[n]) if g else None for n, g in zip(names, given, strict=True)
-        ]
-        bad = [
-            (n, r)
-            for n, r in zip(names, rows, strict=True)
-            if r is not None and r.shape != current.shape[1:]
-        ]
+        given = {row: torch.as_tensor(state_dict[k]) for row, k in keys.items() if k in state_dict}
+        bad = [(keys[row], r) for row, r in given.items() if r.shape != current.shape[1:]]
         if bad:  # (torch's own message for a shape that does not fit; nothing changes)
             errors.append(
                 f"size mismatch for {bad[0][0]}: copying a param with shape "
@@ -419,12 +469,15 @@ def _load_hook(module, state_dict, prefix, local_metadata, strict, missing, unex
                 f"{current.shape[1:]} (a row of the stacked {prefix}{flat})"
             )
             continue
-        for i, name in enumerate(names):
-            if given[i]:
-                del state_dict[name]
+        rows = []
+        for row in range(stack.count):
+            if row in given:
+                del state_dict[keys[row]]
+                rows.append(given[row])
             else:
-                missing.append(name)
-                rows[i] = current.detach()[i]
+                if row in keys:
+                    missing.append(keys[row])
+                rows.append(current.detach()[row])
         if any(isinstance(r, LazyTensor) for r in rows):
             rows = [r if isinstance(r, LazyTensor) else r.to(current.device) for r in rows]
         else:
@@ -433,19 +486,26 @@ def _load_hook(module, state_dict, prefix, local_metadata, strict, missing, unex
             state_dict[f"{prefix}{flat}"] = torch.stack(rows)
 
 
+def _loaded_hook(module, incompatible):
+    """After a load (``assign=True`` makes new tensors): the stacked parameters known again."""
+    for _, flat, is_param, _ in stack_of(module).entries:
+        if is_param:
+            _STACKED[module._parameters[flat]] = flat
+
+
 def stacked_rows(module) -> dict:
-    """``{state_dict key: (container, flat, index)}`` for every per-layer key of a stacked
-    container within ``module`` (``CheckpointManager`` restores those into the stack)."""
+    """``{state_dict key: (container, flat, row)}`` for every per-layer key a stacked container
+    within ``module`` reads from its stack (``CheckpointManager`` restores those into it)."""
     out = {}
     for name, m in module.named_modules():
         stack = stack_of(m)
         if stack is None:
             continue
         prefix = f"{name}." if name else ""
-        for path, flat, _, keep in stack.entries:
-            if keep:
-                for i in range(stack.count):
-                    out[f"{prefix}{i}.{path}"] = (m, flat, i)
+        keep = {path for path, _, _, k in stack.entries if k}
+        for position, path, flat, row in rows_of(m):
+            if path in keep:
+                out[f"{prefix}{position}.{path}"] = (m, flat, row)
     return out
 
 
@@ -461,10 +521,11 @@ def _check_optimizer(opt, args, kwargs):
         for p in group["params"]:
             retired = _RETIRED.get(p)
             if retired is not None:
+                name, by, what = retired
                 raise ValueError(
-                    f"{type(opt).__name__} holds the parameter {retired} that stack_layers "
-                    f"replaced with a stacked one: make the optimizer after stack_layers (it "
-                    f"would update a tensor the model no longer reads)"
+                    f"{type(opt).__name__} holds the parameter {name} that {by} replaced "
+                    f"with {what}: make the optimizer after {by} (it would update a tensor the "
+                    f"model no longer reads)"
                 )
             flat = _STACKED.get(p)
             if flat is not None and type(opt) not in STACK_SAFE_OPTIMIZERS:
@@ -475,6 +536,12 @@ def _check_optimizer(opt, args, kwargs):
                     f"Muon normalize a parameter as a whole). Leave these layers unstacked, or, "
                     f"if it is elementwise, add it to ir_runtime.STACK_SAFE_OPTIMIZERS"
                 )
+
+
+def register(p, flat: str) -> None:
+    """``p`` is a stacked parameter named ``flat`` (a deep copy's, a loaded one's)."""
+    if p not in _STACKED:
+        _STACKED[p] = flat
 
 
 def is_stacked(p) -> bool:
