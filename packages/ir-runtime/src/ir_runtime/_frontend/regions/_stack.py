@@ -29,11 +29,15 @@ modules.
 
 An optimizer's update of a stacked parameter is the per-layer update only when it is
 elementwise: torch's SGD, Adam, AdamW, Adamax, Adagrad, Adadelta, RMSprop, Rprop, ASGD, NAdam,
-RAdam, SparseAdam and LBFGS are. Adafactor and Muon normalize each parameter as a whole, and any
-other optimizer class may: such an optimizer's ``step()`` over a stacked parameter raises
-(``STACK_SAFE_OPTIMIZERS`` takes a class the user knows is elementwise). An optimizer made
-before ``stack_layers`` holds the per-layer parameters it replaced; its ``step()`` raises too,
-naming one.
+RAdam and SparseAdam are (LBFGS updates all parameters at once, stacked or not). Adafactor and
+Muon normalize each parameter as a whole, and any other optimizer class may: such an
+optimizer's ``step()`` over a stacked parameter raises (by exact class; ``STACK_SAFE_OPTIMIZERS``
+takes a class the user knows is elementwise). An optimizer made before ``stack_layers`` (or
+``unstack_layers``) holds the parameters it replaced; its ``step()`` raises too, naming one.
+
+Each layer keeps the row it was given, by a tag on its modules (``rows_of``): a layer deleted,
+moved or replaced after stacking never reads, saves, loads or restores another's row, and a
+replaced module keeps its own tensors; ``scan_layers`` refuses such a stack (``intact``).
 
 Where the layers cannot be stored stacked, ``stack_layers`` leaves them as they were with one
 ``StackWarning`` naming why: a tensor shared between layers (tied), a name frozen in some layers
