@@ -367,7 +367,9 @@ def test_after_unstack_layers_an_optimizer_of_the_stack_refuses_to_step():
     _, lazy = stacked_pair()
     opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
     irt.unstack_layers(lazy)
-    with pytest.raises(ValueError, match=r"holds the parameter norm__weight that unstack_layers replaced"):
+    with pytest.raises(
+        ValueError, match=r"holds the parameter norm__weight that unstack_layers replaced"
+    ):
         opt.step()
 
 
@@ -392,3 +394,21 @@ def test_stacks_do_not_nest():
     irt.stack_layers(outer[0])
     with pytest.raises(ValueError, match="stacks do not nest|one structure"):
         irt.stack_layers(outer)
+
+
+def test_views_held_across_donating_steps_read_the_updated_rows():
+    """A view taken before training (and a state_dict entry) reads its row as the steps left it,
+    though each step donates the stacked buffers it replaces."""
+    eager, lazy = stacked_pair()
+    held = lazy[1].up.weight
+    entry = lazy.state_dict()["3.down.weight"]
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-2)
+    irt.reset_metrics()
+    for k in range(3):
+        lazy_step(lazy, opt_l, data(k))
+        eager_step(eager, opt_e, data(k))
+    assert irt.metrics()["counters"]["DonatedBuffers"] > 0
+    tol = {"rtol": 1e-4, "atol": 1e-5}
+    np.testing.assert_allclose(irt.to_torch(held).numpy(), eager[1].up.weight.detach(), **tol)
+    np.testing.assert_allclose(irt.to_torch(entry).numpy(), eager[3].down.weight.detach(), **tol)
