@@ -193,7 +193,7 @@ def test_an_optimizer_made_before_stacking_is_refused_by_name():
 
 
 def test_an_optimizer_not_known_to_be_elementwise_is_refused_then_allowed():
-    eager, lazy = stacked_pair()
+    _, lazy = stacked_pair()
     opt = torch.optim.Adafactor(lazy.parameters(), lr=1e-2)
     irt.scan_layers(lazy, irt.to_lazy(data())).square().mean().backward()
     with pytest.raises(ValueError, match=r"Adafactor updates the stacked parameter norm__weight"):
@@ -286,7 +286,7 @@ def test_sharding_carries_over_and_fully_shard_splits_each_layers_dim_0():
 def test_checkpoints_restore_both_ways(tmp_path):
     """A CheckpointManager save of the stacked model and its optimizer restores into another
     stacked one; a save of the unstacked model restores into a stacked one (per-layer keys)."""
-    eager, lazy = stacked_pair()
+    _, lazy = stacked_pair()
     opt = torch.optim.AdamW(lazy.parameters(), lr=1e-2)
     lazy_step(lazy, opt, data())
     want = {k: irt.to_torch(v).clone() for k, v in lazy.state_dict().items()}
@@ -392,7 +392,8 @@ def test_stacks_do_not_nest():
     outer = irt.to_lazy(torch.nn.ModuleList(torch.nn.ModuleList([Block(16), Block(16)])
                                             for _ in range(2)))  # fmt: skip
     irt.stack_layers(outer[0])
-    with pytest.raises(ValueError, match="stacks do not nest|one structure"):
+    irt.stack_layers(outer[1])
+    with pytest.raises(ValueError, match="stacks do not nest"):
         irt.stack_layers(outer)
 
 

@@ -10,7 +10,8 @@ accepting ``device_type="lazy"``, ``torch.utils.checkpoint`` recomputing behind 
 optimization barrier, with ``torch.lazy`` as the device module its RNG helpers use, and
 transformers' warn-only padding check skipping lazy inputs (``_transformers``), and
 ``scaled_dot_product_attention`` recorded as one ``ir::attention`` op at the lazy device's
-autograd key (``regions/_attention``).
+autograd key (``regions/_attention``), and ``layer_norm`` under autograd as the ops it is made
+of there (``recording/_layer_norm``).
 
 ``import ir_runtime`` registers one thing: a fallback for torch's Lazy dispatch key, which only
 an op with no kernel for that key reaches, where torch would raise. It calls ``on_lazy_key``:
@@ -32,6 +33,7 @@ from ir_runtime._frontend.recording import (  # noqa: F401  (importing registers
     _dynamic,
     _factories,
     _handlers,
+    _layer_norm,
     _optim,
     _rng,
     _samplers,
@@ -49,6 +51,7 @@ def install() -> None:
     enable_x64()
     _dispatch.configure_origins()
     _attention.install()
+    _layer_norm.install()
     _autocast.install()
     _recompute.install()
     _factories.install()
