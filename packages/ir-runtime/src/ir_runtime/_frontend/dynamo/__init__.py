@@ -1,0 +1,1 @@
+"""``torch.compile(model, backend="ir_runtime")`` (``_backend``)."""

@@ -1,0 +1,329 @@
+"""``torch.compile(model, backend="ir_runtime")``: XLA through PyTorch's own compiler entry point.
+
+The design: Dynamo captures the Python program into FX graphs on fake tensors, AOTAutograd
+turns each into a functional ATen forward graph and backward graph (input mutations as extra
+outputs it applies itself, aliases it regenerates), and this backend compiles each ATen graph
+with the one engine: the graph is run once per concrete input signature on placeholder lazy
+tensors, so every ATen op goes through the front end's dispatch (the rule table keyed by
+``aten::name.overload``, its decompositions), the recorded IR is compiled through the compile
+cache, and each call runs that executable on the call's arrays, with no re-tracing.
+
+Why not make ``LazyTensor`` a traceable subclass: its payload is an IR node, not an inner torch
+tensor, so AOTAutograd's fake tensors cannot stand in for it. Why not re-run each graph on lazy
+tensors per call (torch_xla's bridge): that re-traces every call; here a call costs a cache
+lookup and a launch.
+
+What a call does:
+
+- Inputs are plain tensors. A CPU tensor becomes a device array through DLPack (no copy where
+  XLA takes the memory as it is) and is never donated: it is borrowed, and an eager optimizer
+  may write it once the call returns. The call waits for its results before returning, so no
+  program reads a borrowed buffer after that. A tensor not written since the last call
+  (``_version``, the same storage) is not transferred again.
+- Random ops (dropout) draw from a key that is an input of the program, fresh per call
+  (``torch.initial_seed()`` and a call counter): each call draws new numbers, and
+  ``torch.manual_seed`` reproduces them.
+- Shapes: each ATen graph keeps one program per concrete signature (shapes, dtypes, the ints
+  Dynamo passes for symbolic sizes), at most ``max_programs`` of them (the oldest dropped).
+  With ``dynamic=False`` a new batch shape is a Dynamo recompile and one more program; with
+  Dynamo's default (dynamic after the second shape) the graph is symbolic and each concrete
+  shape compiles once here. ``DynamoGraphs`` counts the graphs Dynamo hands over,
+  ``DynamoPrograms`` the programs traced for them; ``CompileCount`` counts XLA's compiles.
+- An op the front end cannot record on the lazy device (no rule, no decomposition, a value
+  read to the host) is found when the graph is first traced: the graph is split
+  (``CapabilityBasedPartitioner``) into programs for the parts that can run and that op,
+  run eagerly between them as torch would (``DynamoEagerOps::<op>`` counts each). Under
+  ``torch.compile(..., fullgraph=True)`` such an op is an ``UnsupportedOpError`` naming it.
+- Forward and backward are two programs (AOTAutograd's split: what the backward needs is
+  saved by the forward); both are compiled by the same cache.
+
+``mode=`` (torch's names): ``"default"``, ``"reduce-overhead"``, ``"max-autotune"`` and
+``"max-autotune-no-cudagraphs"`` run the same programs: a call is already one launch of a
+cached executable (what CUDA graphs buy inductor), and XLA tunes its own kernels. Any other
+mode is refused by name. ``options=``: ``max_programs`` (an int >= 1, default 8) and
+``partition`` (a bool, default True; False makes an op that cannot run on the device an error
+as under ``fullgraph=True``); any other key is refused by name.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import numpy as np
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ir_core import DeviceData, Shape, Value
+from ir_runtime import _metrics
+from ir_runtime._bounded import Bounded
+from ir_runtime._cache import CACHE
+from ir_runtime._errors import RuntimeIRError, UnsupportedOpError
+from ir_runtime._execute import place
+from ir_runtime._frontend.recording import _rng
+from ir_runtime._frontend.recording._convert import ir_dtype
+from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
+from ir_runtime._frontend.steps import _step
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+OPTIONS = {"max_programs": 8, "partition": True}
+
+_CALLS = itertools.count(1)  # each call's random key: (seed, this count, a base of its own)
+_KEY_BASE = 0xC0000000  # (offsets the lazy stream's own keys never reach)
+
+
+def _settings(mode, options) -> dict:
+    if mode is not None and mode not in MODES:
+        raise ValueError(
+            f"torch.compile(backend='ir_runtime'): mode {mode!r} is not one of {list(MODES)}"
+        )
+    settings = dict(OPTIONS)
+    for k, v in (options or {}).items():
+        if k not in OPTIONS:
+            raise ValueError(
+                f"torch.compile(backend='ir_runtime'): unknown option {k!r}; the options are "
+                f"{sorted(OPTIONS)}"
+            )
+        if k == "max_programs" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"option max_programs must be an int of at least 1, got {v!r}")
+        if k == "partition" and not isinstance(v, bool):
+            raise ValueError(f"option partition must be a bool, got {v!r}")
+        settings[k] = v
+    return settings
+
+
+def _fullgraph() -> bool:
+    """Whether Dynamo is capturing under ``fullgraph=True`` (the translator making this
+    graph says so)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # (not inside a capture: a direct call)
+        return False
+    return bool(getattr(tx, "one_graph", False))
+
+
+def backend(gm, example_inputs, mode=None, options=None):
+    """The backend torch.compile finds by the name ``"ir_runtime"`` (module docstring)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from ir_runtime._frontend._install import install
+
+    install()
+    settings = _settings(mode, options)
+    if _fullgraph():
+        settings["partition"] = False
+    _metrics.count("DynamoGraphs")
+
+    def compiler(graph, inputs):
+        return make_boxed_func(_Partitioned(graph, settings))  # (AOTAutograd's convention)
+
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)
+
+
+# -- running a graph ----------------------------------------------------------------------------
+
+
+class _CannotRun(Exception):
+    """A node the lazy device cannot run (``node``), with the error it raised."""
+
+    def __init__(self, node, error):
+        super().__init__(str(error))
+        self.node, self.error = node, error
+
+
+class _Tracer(torch.fx.Interpreter):
+    """Runs the graph on placeholder lazy tensors; names the node an op fails at."""
+
+    def run_node(self, n):
+        try:
+            return super().run_node(n)
+        except RuntimeIRError as e:
+            raise _CannotRun(n, e) from e
+
+
+class _Partitioned:
+    """One ATen graph AOTAutograd hands over, as a callable: one ``_Programs`` for the whole
+    graph, or, once an op is found that cannot run on the device, the graph split into
+    ``_Programs`` around that op's eager calls."""
+
+    def __init__(self, gm, settings):
+        self.gm, self.settings = gm, settings
+        self.eager: set = set()  # op targets run eagerly
+        self.run = _Programs(gm, settings)
+
+    def __call__(self, *args):
+        while True:
+            try:
+                return self.run(*args)
+            except _CannotRun as e:
+                self._split(e)
+
+    def _split(self, e) -> None:
+        target = e.node.target
+        if not self.settings["partition"] or e.node.op != "call_function" or target in self.eager:
+            raise UnsupportedOpError(
+                f"torch.compile(backend='ir_runtime'): {target} cannot run on the lazy device "
+                f"({e.error}); without fullgraph=True (and with options partition=True) it "
+                f"would run eagerly between programs"
+            ) from e.error
+        self.eager.add(target)
+        self.run = _split_graph(self.gm, self.eager, self.settings)
+
+
+def _split_graph(gm, eager: set, settings):
+    """``gm`` with every node whose op is in ``eager`` left to run as torch runs it, and the
+    rest fused into submodules, each run as ``_Programs``."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupport
+
+    class Support(OperatorSupport):
+        def is_node_supported(self, submodules, node) -> bool:
+            return node.op == "call_function" and node.target not in eager
+
+    partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+    fused = partitioner.fuse_partitions(partitioner.propose_partitions())
+    for name, sub in list(fused.named_children()):
+        if name.startswith("fused_"):
+            setattr(fused, name, _Submodule(_Programs(sub, settings)))
+    for node in fused.graph.nodes:
+        if node.op == "call_function" and node.target in eager:
+            _metrics.count(f"DynamoEagerOps::{getattr(node.target, '__name__', node.target)}")
+    fused.recompile()
+    return fused
+
+
+class _Submodule(torch.nn.Module):
+    def __init__(self, programs):
+        super().__init__()
+        self.programs = programs
+
+    def forward(self, *args):
+        return self.programs(*args)
+
+
+class _Programs:
+    """The programs of one graph, one per concrete call signature (at most ``max_programs``)."""
+
+    def __init__(self, gm, settings):
+        self.gm = gm
+        self.programs = Bounded(settings["max_programs"])
+
+    def __call__(self, *args):
+        key = tuple(
+            (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else (type(a), a) for a in args
+        )
+        program = self.programs.get(key)
+        if program is None:
+            program = self.programs[key] = _Program(self.gm, args)
+        return program(args)
+
+
+def _placeholder(t: torch.Tensor) -> DeviceData:
+    return DeviceData(Shape(ir_dtype(t.dtype), tuple(t.shape)))
+
+
+class _Program:
+    """One graph traced on placeholders for one call signature, compiled."""
+
+    def __init__(self, gm, args):
+        _metrics.count("DynamoPrograms")
+        inputs = [_placeholder(a) if isinstance(a, torch.Tensor) else None for a in args]
+        key = DeviceData(Shape("uint32", (3,)))
+        traced = [wrap(Value(p)) if p is not None else a for p, a in zip(inputs, args, strict=True)]
+        with (
+            _step.Isolated("torch.compile(backend='ir_runtime')") as isolated,
+            torch.no_grad(),
+            _rng.keyed(Value(key)),
+        ):
+            out = _Tracer(gm).run(*traced)
+        if isolated.written:
+            raise UnsupportedOpError(
+                f"torch.compile(backend='ir_runtime'): the graph writes a tensor from outside "
+                f"it in place ({isolated.written[0]})"
+            )
+        flat, self.spec = tree_flatten(out)
+        where = {id(p): k for k, p in enumerate(inputs) if p is not None}
+        # Each output: ("arg", k) an input as it is, ("root", j) a program result, or
+        # ("value", v) a Python value the graph returns.
+        self.outputs, roots = [], []
+        for o in flat:
+            if isinstance(o, LazyTensor):
+                node = o._ir.node
+                if type(node) is DeviceData and o._ir.index == 0 and id(node) in where:
+                    self.outputs.append(("arg", where[id(node)]))
+                else:
+                    self.outputs.append(("root", len(roots)))
+                    roots.append(o._ir)
+            else:
+                self.outputs.append(("value", o))
+        self.exe = None
+        if roots:
+            self.exe, g = CACHE.get(roots)
+            self.sources = []  # per program parameter: ("arg", k), ("key",) or ("data", node)
+            for p in g.params:
+                if id(p) in where:
+                    self.sources.append(("arg", where[id(p)]))
+                elif p is key:
+                    self.sources.append(("key",))
+                else:
+                    self.sources.append(("data", p))
+
+    def __call__(self, args):
+        results = []
+        if self.exe is not None:
+            arrays = []
+            for (kind, *what), sharding in zip(self.sources, self.exe.in_shardings, strict=True):
+                if kind == "arg":
+                    arrays.append(_on_device(args[what[0]], sharding))
+                elif kind == "key":
+                    arrays.append(jax.device_put(_key(), sharding))
+                else:
+                    arrays.append(place(what[0], sharding))
+            outs = self.exe.run(arrays)
+            jax.block_until_ready(outs)  # (the inputs are borrowed: nothing reads them after)
+            results = [_to_torch(a) for a in outs]
+        flat = [
+            args[what] if kind == "arg" else results[what] if kind == "root" else what
+            for kind, what in self.outputs
+        ]
+        return tree_unflatten(flat, self.spec)
+
+
+def _key() -> np.ndarray:
+    words = (torch.initial_seed(), next(_CALLS), _KEY_BASE)
+    return np.array([w & 0xFFFFFFFF for w in words], np.uint32)
+
+
+_BORROWED = WeakIdKeyDictionary()  # tensor -> (version, data pointer, array)
+
+
+def _on_device(t: torch.Tensor, sharding):
+    """A plain tensor's data as a device array: the one made at an earlier call if the tensor
+    was not written since, else through DLPack (a copy only where XLA needs one)."""
+    seen = _BORROWED.get(t)
+    version, ptr = t._version, t.data_ptr()
+    if seen is not None and seen[0] == version and seen[1] == ptr:
+        return seen[2]
+    src = t.detach()
+    if src.device.type != "cpu":
+        src = src.cpu()
+    src = src.contiguous()
+    try:
+        array = jax.dlpack.from_dlpack(src, copy=None)
+    except Exception:  # (a dtype or layout DLPack does not carry)
+        array = np.asarray(src.numpy())
+    array = jax.device_put(array, sharding)
+    _BORROWED[t] = (version, ptr, array)
+    return array
+
+
+def _to_torch(a) -> torch.Tensor:
+    try:
+        return torch.from_dlpack(a)
+    except Exception:  # (a dtype DLPack does not carry)
+        return torch.from_numpy(np.asarray(a))
