@@ -47,8 +47,6 @@ as under ``fullgraph=True``); any other key is refused by name.
 
 from __future__ import annotations
 
-import itertools
-
 import jax
 import numpy as np
 import torch
@@ -70,7 +68,7 @@ from ir_runtime._frontend.steps import _step
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIONS = {"max_programs": 8, "partition": True}
 
-_CALLS = itertools.count(1)  # each call's random key: (seed, this count, a base of its own)
+_CALLS: list = [None, 0]  # (seed, reseeds) and the calls since: each call's random key
 _KEY_BASE = 0xC0000000  # (offsets the lazy stream's own keys never reach)
 
 
@@ -235,6 +233,7 @@ class _Program:
         inputs = [_placeholder(a) if isinstance(a, torch.Tensor) else None for a in args]
         key = DeviceData(Shape("uint32", (3,)))
         traced = [wrap(Value(p)) if p is not None else a for p, a in zip(inputs, args, strict=True)]
+        _rng.sync()  # (a reseed restarts the stream: done first, not inside, taking our key)
         with (
             _step.Isolated("torch.compile(backend='ir_runtime')") as isolated,
             torch.no_grad(),
@@ -295,7 +294,13 @@ class _Program:
 
 
 def _key() -> np.ndarray:
-    words = (torch.initial_seed(), next(_CALLS), _KEY_BASE)
+    """A call's random key: the seed, the calls since torch was last seeded, a base of its
+    own (so ``torch.manual_seed(s)`` replays the same draws)."""
+    seeded = (torch.initial_seed(), _rng.seedings())
+    if _CALLS[0] != seeded:
+        _CALLS[:] = [seeded, 0]
+    _CALLS[1] += 1
+    words = (seeded[0], _CALLS[1], _KEY_BASE)
     return np.array([w & 0xFFFFFFFF for w in words], np.uint32)
 
 

@@ -1,0 +1,192 @@
+"""torch.compile(backend="ir_runtime") on plain tensors, against torch eager: training (values,
+gradients, AdamW steps), inference, dropout drawing afresh per call, BatchNorm's running
+statistics (an input mutation AOTAutograd hands back), an op the lazy device cannot run split
+out to run eagerly (and refused under fullgraph=True), compile counts, modes and options, and
+the backend found by name with nothing imported first."""
+
+import copy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import ir_runtime as irt
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32),
+        torch.nn.GELU(),
+        torch.nn.LayerNorm(32, eps=1e-12),
+        torch.nn.Linear(32, 4),
+    )
+
+
+def data(k, shape=(8, 16)):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(k))
+
+
+def counters():
+    return irt.metrics()["counters"]
+
+
+def test_training_steps_equal_eager_and_compile_once():
+    eager = mlp()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="ir_runtime", dynamic=False)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_c = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    irt.reset_metrics()
+    for k in range(20):
+        x = data(k)
+        loss_e = eager(x).square().mean()
+        loss_e.backward()
+        loss_c = compiled(x).square().mean()
+        loss_c.backward()
+        if k == 0:
+            for pe, pc in zip(eager.parameters(), model.parameters(), strict=True):
+                np.testing.assert_allclose(pc.grad.numpy(), pe.grad.numpy(), rtol=1e-4, atol=1e-6)
+        opt_e.step()
+        opt_e.zero_grad()
+        opt_c.step()
+        opt_c.zero_grad()
+        np.testing.assert_allclose(loss_c.item(), loss_e.item(), rtol=1e-4)
+    c = counters()
+    assert c["DynamoGraphs"] == 1 and c["DynamoPrograms"] == 2  # a forward and a backward
+    assert c["CompileCount"] == 2  # compiled once, in the first step, for 20 steps
+    for pe, pc in zip(eager.parameters(), model.parameters(), strict=True):
+        np.testing.assert_allclose(pc.detach().numpy(), pe.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+
+def test_inference_and_a_new_batch_shape():
+    eager = mlp()
+    compiled = torch.compile(copy.deepcopy(eager), backend="ir_runtime", dynamic=False)
+    irt.reset_metrics()
+    with torch.no_grad():
+        for shape in ((8, 16), (8, 16), (3, 16), (1, 16)):
+            x = data(1, shape)
+            np.testing.assert_allclose(compiled(x).numpy(), eager(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert counters()["DynamoPrograms"] == 3  # one per shape, the repeat none
+
+
+def test_dropout_draws_afresh_each_call_and_manual_seed_reproduces():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.5)).train()
+    compiled = torch.compile(model, backend="ir_runtime", dynamic=False)
+    x = torch.ones(4, 64)
+    torch.manual_seed(5)
+    a, b = compiled(x).detach(), compiled(x).detach()
+    assert not torch.equal(a == 0, b == 0)  # two masks
+    for mask in (a == 0, b == 0):
+        assert 0.3 < mask.float().mean().item() < 0.7
+    kept = a != 0
+    y = model[0](x).detach()
+    np.testing.assert_allclose(a[kept].numpy(), (2 * y)[kept].numpy(), rtol=1e-5)
+    torch.manual_seed(5)
+    np.testing.assert_array_equal(compiled(x).detach().numpy(), a.numpy())
+
+
+def test_batch_norm_running_statistics_are_updated_as_eager():
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.BatchNorm1d(6, momentum=0.3))
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="ir_runtime", dynamic=False)
+    for k in range(3):
+        x = data(k, (10, 8))
+        eager(x).sum().backward()
+        compiled(x).sum().backward()
+    bn_e, bn_c = eager[1], model[1]
+    np.testing.assert_allclose(bn_c.running_mean.numpy(), bn_e.running_mean.numpy(), rtol=1e-4)
+    np.testing.assert_allclose(bn_c.running_var.numpy(), bn_e.running_var.numpy(), rtol=1e-4)
+    assert bn_c.num_batches_tracked.item() == 3
+    eager.eval(), model.eval()
+    with torch.no_grad():
+        x = data(9, (4, 8))
+        np.testing.assert_allclose(compiled(x).numpy(), eager(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@torch.library.custom_op("irt_test::cpu_cube", mutates_args=(), device_types="cpu")
+def cpu_cube(x: torch.Tensor) -> torch.Tensor:
+    return x * x * x
+
+
+@cpu_cube.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+cpu_cube.register_autograd(
+    lambda ctx, grad: grad * 3 * ctx.saved_tensors[0] ** 2,
+    setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]),
+)
+
+
+class WithCpuOp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(cpu_cube(torch.tanh(self.a(x))))
+
+
+def test_an_op_the_device_cannot_run_runs_eagerly_between_programs():
+    eager = WithCpuOp()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="ir_runtime", dynamic=False)
+    irt.reset_metrics()
+    x = data(2, (5, 8))
+    eager(x).square().sum().backward()
+    compiled(x).square().sum().backward()
+    for pe, pc in zip(eager.parameters(), model.parameters(), strict=True):
+        np.testing.assert_allclose(pc.grad.numpy(), pe.grad.numpy(), rtol=1e-4, atol=1e-6)
+    eager_ops = {k: v for k, v in counters().items() if k.startswith("DynamoEagerOps::")}
+    assert eager_ops and all("cpu_cube" in k for k in eager_ops), eager_ops
+    assert counters()["DynamoPrograms"] >= 4  # two programs on each side of it, twice
+
+
+def test_under_fullgraph_or_without_partition_such_an_op_is_an_error_naming_it():
+    for kwargs in ({"fullgraph": True}, {"options": {"partition": False}}):
+        torch._dynamo.reset()
+        compiled = torch.compile(WithCpuOp(), backend="ir_runtime", dynamic=False, **kwargs)
+        with pytest.raises(Exception, match="irt_test.cpu_cube.* cannot run on the lazy device"):
+            compiled(data(2, (5, 8)))
+
+
+def test_modes_are_taken_and_unknown_modes_and_options_refused_by_name():
+    x = data(3)
+    want = mlp()(x).detach().numpy()
+    for mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        torch._dynamo.reset()
+        got = torch.compile(mlp(), backend="ir_runtime", mode=mode)(x).detach().numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="mode 'fastest' is not one of"):
+        torch.compile(mlp(), backend="ir_runtime", mode="fastest")(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown option 'donate'"):
+        torch.compile(mlp(), backend="ir_runtime", options={"donate": True})(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="max_programs must be an int of at least 1, got 0"):
+        torch.compile(mlp(), backend="ir_runtime", options={"max_programs": 0})(x)
+
+
+def test_the_backend_is_found_by_name_with_nothing_imported():
+    code = (
+        "import torch\n"
+        "f = torch.compile(lambda x: torch.sin(x) * 2, backend='ir_runtime')\n"
+        "x = torch.linspace(-3, 3, 7)\n"
+        "assert torch.allclose(f(x), torch.sin(x) * 2, atol=1e-6)\n"
+        "import sys; assert 'ir_runtime' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
