@@ -159,7 +159,7 @@ def test_under_fullgraph_or_without_partition_such_an_op_is_an_error_naming_it()
     for kwargs in ({"fullgraph": True}, {"options": {"partition": False}}):
         torch._dynamo.reset()
         compiled = torch.compile(WithCpuOp(), backend="ir_runtime", dynamic=False, **kwargs)
-        with pytest.raises(Exception, match="irt_test.cpu_cube.* cannot run on the lazy device"):
+        with pytest.raises(Exception, match=r"irt_test.cpu_cube.* cannot run on the lazy device"):
             compiled(data(2, (5, 8)))
 
 
