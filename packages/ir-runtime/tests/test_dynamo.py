@@ -190,3 +190,31 @@ def test_the_backend_is_found_by_name_with_nothing_imported():
         "import sys; assert 'ir_runtime' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    "kwargs, heads",
+    [
+        ({"is_causal": True}, (4, 4)),
+        ({"is_causal": True, "enable_gqa": True}, (4, 2)),
+        ({}, (2, 2)),
+    ],
+)
+def test_attention_values_and_gradients_equal_eager(kwargs, heads):
+    """On CPU tensors AOTAutograd's graphs hold the CPU flash kernel's own forward and backward
+    ops; both run on the device, the log-sum-exp passed between them as the kernel's."""
+    g = torch.Generator().manual_seed(0)
+    hq, hk = heads
+    q, k, v = (torch.randn(2, h, 12, 8, generator=g) for h in (hq, hk, hk))
+    mask = None if kwargs else torch.randn(2, 1, 12, 12, generator=g)
+
+    def f(q, k, v):
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kwargs)
+        return (o * o.flip(-1)).sum()
+
+    compiled = torch.compile(f, backend="ir_runtime", dynamic=False, fullgraph=True)
+    leaves = [[t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2)]
+    for fn, ls in ((f, leaves[0]), (compiled, leaves[1])):
+        fn(*ls).backward()
+    for e, c in zip(*leaves, strict=True):
+        np.testing.assert_allclose(c.grad.numpy(), e.grad.numpy(), rtol=1e-4, atol=1e-5)

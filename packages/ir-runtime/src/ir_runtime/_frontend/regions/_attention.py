@@ -144,6 +144,63 @@ def _sdpa_no_autograd(func, args, kwargs):
     return wrap(Value(_forward_node(a, _attrs(a), _fast.origin()), 0))
 
 
+# The CPU flash kernel's own ops, which torch's ``scaled_dot_product_attention`` becomes when
+# traced on CPU tensors (AOTAutograd's graphs under ``torch.compile``): the same two nodes,
+# the log-sum-exp passed between them as the kernel's (natural log, one per query row,
+# float32 for half precision). torch's decomposition of the forward returns the attention
+# weights in its place, which the backward kernel would read as log-sum-exps: so the forward
+# is never left to it, and a call the rule does not take raises here (run on the host by the
+# caller, the forward and the backward both, with the kernel's own values).
+_FLASH_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
+_FLASH_CPU_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def _flash_arguments(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    return {
+        "query": q,
+        "key": k,
+        "value": v,
+        "attn_mask": attn_mask,
+        "dropout_p": float(dropout_p),
+        "is_causal": bool(is_causal),
+        "scale": scale,
+        "enable_gqa": q.shape[-3] != k.shape[-3],
+    }
+
+
+def _not_taken(func, a):
+    from ir_runtime._errors import UnsupportedOpError
+
+    return UnsupportedOpError(
+        f"{func} with these arguments (dropout {a['dropout_p']}, query {list(a['query'].shape)} "
+        f"{a['query'].dtype}, key {list(a['key'].shape)}) has no rule on the lazy device"
+    )
+
+
+@special(_FLASH_CPU)
+def _flash_cpu(func, args, kwargs):
+    a = _flash_arguments(*args, **kwargs)
+    if not takes(a):
+        raise _not_taken(func, a)
+    node = _forward_node(a, _attrs(a), _fast.origin())
+    return wrap(Value(node, 0)), wrap(Value(node, 1))
+
+
+@special(_FLASH_CPU_BACKWARD)
+def _flash_cpu_backward(func, args, kwargs):
+    grad, q, k, v, out, lse, *rest = args
+    a = _flash_arguments(q, k, v, *rest, **kwargs)
+    if not takes(a) or not isinstance(lse, LazyTensor):
+        raise _not_taken(func, a)
+    mask = a["attn_mask"]
+    operands = [grad._ir, q._ir, k._ir, v._ir, out._ir, lse._ir] + (
+        [] if mask is None else [mask._ir]
+    )
+    shapes = [q._ir.shape, k._ir.shape, v._ir.shape]
+    node = Generic("ir::attention_backward", operands, shapes, _attrs(a), None, _fast.origin())
+    return tuple(wrap(Value(node, j)) for j in range(3))
+
+
 _LIBRARY: list = []
 
 
