@@ -60,10 +60,11 @@ from ir_runtime._bounded import Bounded
 from ir_runtime._cache import CACHE
 from ir_runtime._errors import RuntimeIRError, UnsupportedOpError
 from ir_runtime._execute import place
-from ir_runtime._frontend.recording import _rng
+from ir_runtime._frontend.recording import _convert, _rng
 from ir_runtime._frontend.recording._convert import ir_dtype
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
 from ir_runtime._frontend.steps import _step
+from ir_sharding import ShardingError
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIONS = {"max_programs": 8, "partition": True}
@@ -135,13 +136,31 @@ class _CannotRun(Exception):
 
 
 class _Tracer(torch.fx.Interpreter):
-    """Runs the graph on placeholder lazy tensors; names the node an op fails at."""
+    """Runs the graph on placeholder lazy tensors; names the node an op fails at. The graph
+    was traced on CPU tensors, so the CPU device it names (``_to_copy(..., device=cpu)``,
+    factories' ``device=``) is the device its program runs on: the lazy device here."""
+
+    def fetch_args_kwargs_from_env(self, n):
+        args, kwargs = super().fetch_args_kwargs_from_env(n)
+        if any(_is_cpu(a) for a in args):
+            args = tuple(_DEVICE() if _is_cpu(a) else a for a in args)
+        if _is_cpu(kwargs.get("device")):
+            kwargs = {**kwargs, "device": _DEVICE()}
+        return args, kwargs
 
     def run_node(self, n):
         try:
             return super().run_node(n)
-        except RuntimeIRError as e:
+        except (RuntimeIRError, ShardingError) as e:  # (no rule; a value read to the host)
             raise _CannotRun(n, e) from e
+
+
+def _is_cpu(d) -> bool:
+    return (isinstance(d, torch.device) and d.type == "cpu") or d == "cpu"
+
+
+def _DEVICE():
+    return _convert.DEVICE
 
 
 class _Partitioned:
