@@ -25,6 +25,9 @@ By stage, each group importing only the groups above it (and the graph layer):
 ``io/``
     Data in and out: ``_checkpoints`` (``CheckpointManager``), ``_loader``
     (``ShardedLoader``).
+``dynamo/``
+    ``_backend``: ``torch.compile(model, backend="ir_runtime")``, AOTAutograd's ATen graphs
+    traced on placeholders through ``recording/`` and compiled by the cache.
 
 ``inspect`` is the one seam tests and tools may read the front end's state through.
 Which buffers a step donates is decided in the graph layer (``ir_runtime._donation``).
