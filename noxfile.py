@@ -12,7 +12,7 @@ import nox
 # What bare ``nox`` (and CI) runs; torch_xla's suite runs inside ``integration`` (one install
 # for both). Not default, for CI's time: ``integration_transformers4`` (the Hugging Face
 # models on the older transformers line), ``opinfo_all``, ``torch_xla_suite_training``.
-nox.options.sessions = ["lint", "core", "sharding", "runtime", "integration"]
+nox.options.sessions = ["lint", "core", "sharding", "runtime", "opinfo_dynamo", "integration"]
 nox.options.error_on_external_run = True
 
 CORE = "packages/ir-core"
@@ -48,7 +48,16 @@ def sharding(session):
 @nox.session
 def runtime(session):
     session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH)
-    _pytest(session, RUNTIME)
+    _pytest(session, RUNTIME, "--ignore=tests/test_opinfo_dynamo.py")
+
+
+@nox.session
+def opinfo_dynamo(session):
+    """torch's OpInfo suite through torch.compile(backend="ir_runtime"): one sample per op,
+    values and gradients against eager (Dynamo and AOTAutograd per op: its own session)."""
+    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH)
+    session.chdir(RUNTIME)
+    session.run("pytest", "tests/test_opinfo_dynamo.py", *session.posargs)
 
 
 @nox.session

@@ -61,7 +61,7 @@ from ir_runtime._cache import CACHE
 from ir_runtime._errors import RuntimeIRError, UnsupportedOpError
 from ir_runtime._execute import place
 from ir_runtime._frontend.recording import _convert, _rng
-from ir_runtime._frontend.recording._convert import ir_dtype
+from ir_runtime._frontend.recording._convert import host_numpy, ir_dtype
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
 from ir_runtime._frontend.steps import _step
 from ir_sharding import ShardingError
@@ -148,11 +148,23 @@ class _Tracer(torch.fx.Interpreter):
             kwargs = {**kwargs, "device": _DEVICE()}
         return args, kwargs
 
+    def call_function(self, target, args, kwargs):
+        if target is _WITH_EFFECTS:  # (an op with a side effect, its token threaded through)
+            token, op, *rest = args
+            out = op(*rest, **kwargs)
+            return (
+                (token,) if out is None else (token, *out) if type(out) is tuple else (token, out)
+            )
+        return super().call_function(target, args, kwargs)
+
     def run_node(self, n):
         try:
             return super().run_node(n)
         except (RuntimeIRError, ShardingError) as e:  # (no rule; a value read to the host)
             raise _CannotRun(n, e) from e
+
+
+_WITH_EFFECTS = torch.ops.higher_order.with_effects
 
 
 def _is_cpu(d) -> bool:
@@ -337,10 +349,17 @@ def _on_device(t: torch.Tensor, sharding):
     if src.device.type != "cpu":
         src = src.cpu()
     src = src.contiguous()
-    try:
-        array = jax.dlpack.from_dlpack(src, copy=None)
-    except Exception:  # (a dtype or layout DLPack does not carry)
-        array = np.asarray(src.numpy())
+    array = None
+    if src.dim() < 2 or 1 not in src.shape:
+        # (a dim of size 1 leaves DLPack's strides ambiguous, and jax may read another
+        # layout than the one the program was compiled for: those go through numpy, which
+        # jax also places on a CPU device without a copy)
+        try:
+            array = jax.dlpack.from_dlpack(src, copy=None)
+        except Exception:  # (a dtype DLPack does not carry)
+            array = None
+    if array is None:
+        array = host_numpy(src, copy=False)
     array = jax.device_put(array, sharding)
     _BORROWED[t] = (version, ptr, array)
     return array
