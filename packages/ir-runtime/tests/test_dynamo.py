@@ -218,3 +218,18 @@ def test_attention_values_and_gradients_equal_eager(kwargs, heads):
         fn(*ls).backward()
     for e, c in zip(*leaves, strict=True):
         np.testing.assert_allclose(c.grad.numpy(), e.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_parameters_not_written_since_the_last_call_are_not_placed_again():
+    model = mlp()
+    compiled = torch.compile(model, backend="ir_runtime", dynamic=False)
+    with torch.no_grad():
+        compiled(data(0))
+        irt.reset_metrics()
+        compiled(data(1))
+        assert counters()["DynamoInputsPlaced"] == 1  # the new input only
+        model[0].weight.mul_(0.5)  # (an optimizer's in-place write)
+        irt.reset_metrics()
+        want = model(data(2))
+        np.testing.assert_allclose(compiled(data(2)).numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+        assert counters()["DynamoInputsPlaced"] == 2  # the input and the written weight

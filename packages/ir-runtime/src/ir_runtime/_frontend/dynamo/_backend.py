@@ -28,7 +28,8 @@ What a call does:
   With ``dynamic=False`` a new batch shape is a Dynamo recompile and one more program; with
   Dynamo's default (dynamic after the second shape) the graph is symbolic and each concrete
   shape compiles once here. ``DynamoGraphs`` counts the graphs Dynamo hands over,
-  ``DynamoPrograms`` the programs traced for them; ``CompileCount`` counts XLA's compiles.
+  ``DynamoPrograms`` the programs traced for them; ``CompileCount`` counts XLA's compiles;
+  ``DynamoInputsPlaced`` the tensors made device arrays (not those reused).
 - An op the front end cannot record on the lazy device (no rule, no decomposition, a value
   read to the host) is found when the graph is first traced: the graph is split
   (``CapabilityBasedPartitioner``) into programs for the parts that can run and that op,
@@ -361,6 +362,7 @@ def _on_device(t: torch.Tensor, sharding):
     if array is None:
         array = host_numpy(src, copy=False)
     array = jax.device_put(array, sharding)
+    _metrics.count("DynamoInputsPlaced")
     _BORROWED[t] = (version, ptr, array)
     return array
 
