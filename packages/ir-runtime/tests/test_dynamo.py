@@ -233,3 +233,20 @@ def test_parameters_not_written_since_the_last_call_are_not_placed_again():
         want = model(data(2))
         np.testing.assert_allclose(compiled(data(2)).numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
         assert counters()["DynamoInputsPlaced"] == 2  # the input and the written weight
+
+
+def test_outputs_that_alias_inputs_are_views_and_input_mutations_land():
+    """AOTAutograd's contract: an output that is a view of an input is that view (it shares
+    the input's memory, as eager's does), and an input written in place is written."""
+
+    def f(x, y):
+        y.add_(1)
+        return x.view(-1), x.t(), (x * 2).sum()
+
+    compiled = torch.compile(f, backend="ir_runtime", dynamic=False)
+    x, y = torch.arange(6.0).reshape(2, 3), torch.zeros(3)
+    flat, transposed, total = compiled(x, y)
+    assert total.item() == 30.0 and torch.equal(y, torch.ones(3))
+    assert flat.data_ptr() == x.data_ptr() == transposed.data_ptr()
+    x.mul_(10)
+    assert torch.equal(flat, x.view(-1)) and torch.equal(transposed, x.t())
