@@ -250,3 +250,17 @@ def test_outputs_that_alias_inputs_are_views_and_input_mutations_land():
     assert flat.data_ptr() == x.data_ptr() == transposed.data_ptr()
     x.mul_(10)
     assert torch.equal(flat, x.view(-1)) and torch.equal(transposed, x.t())
+
+
+def test_dynamic_shapes_compile_each_concrete_shape_once():
+    """Dynamo's default: the second shape makes the graph symbolic (one more Dynamo graph);
+    each concrete shape is then one program, a shape seen before none."""
+    eager = mlp()
+    compiled = torch.compile(copy.deepcopy(eager), backend="ir_runtime")
+    irt.reset_metrics()
+    with torch.no_grad():
+        for n in (8, 4, 2, 4, 6):
+            x = data(n, (n, 16))
+            np.testing.assert_allclose(compiled(x).numpy(), eager(x).numpy(), rtol=1e-5, atol=1e-6)
+    c = counters()
+    assert (c["DynamoGraphs"], c["DynamoPrograms"], c["CompileCount"]) == (2, 4, 4)
