@@ -16,7 +16,8 @@ def test_every_aten_rule_names_an_overload_the_front_end_records():
 
 def test_every_rule_runs_in_some_test_against_eager(request):
     ran = {Path(str(item.fspath)).stem for item in request.session.items}
-    modules = {p.stem for p in Path(__file__).parent.glob("test_*.py")}
+    # (test_opinfo_dynamo runs in a nox session of its own: its ops are test_opinfo's too)
+    modules = {p.stem for p in Path(__file__).parent.glob("test_*.py")} - {"test_opinfo_dynamo"}
     missing = sorted(modules - ran)
     assert not missing, (
         f"the rule coverage needs the whole suite; these modules did not run: {missing} "
