@@ -13,6 +13,8 @@ import opinfo
 import torch
 from torch.utils._pytree import tree_map
 
+import ir_runtime as irt
+
 
 def _fresh(sample):
     """A copy of the sample's tensors (the same values, leaves again where they were)."""
@@ -60,10 +62,14 @@ def check(op) -> opinfo.Outcome:
         return op(*args, **kwargs)
 
     compiled = torch.compile(fn, backend="ir_runtime", dynamic=False)
+    graphs = irt.metrics()["counters"].get("DynamoGraphs", 0)
     try:
         got, got_grads = _run(compiled, op, _fresh(sample))
     except Exception as e:  # (an op the backend refuses: named by the outcome)
         return opinfo.Outcome("raise", None, f"{type(e).__name__}: {str(e)[:300]}")
+    if irt.metrics()["counters"].get("DynamoGraphs", 0) == graphs:
+        # (Dynamo ran the op as it is: eager against eager would prove nothing)
+        return opinfo.Outcome("raise", None, "Dynamo handed the backend no graph")
     if random:
         wrong = opinfo._same(tree_map(_shape, got), tree_map(_shape, want), 0, 0, "shape and dtype")
         return opinfo.Outcome("wrong" if wrong else "pass", None, wrong or "")

@@ -48,11 +48,15 @@ as under ``fullgraph=True``); any other key is refused by name.
 
 from __future__ import annotations
 
+import contextlib
+import operator
+import threading
+
 import jax
 import numpy as np
 import torch
 import torch.fx
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ir_core import DeviceData, Shape, Value
@@ -70,7 +74,7 @@ from ir_sharding import ShardingError
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIONS = {"max_programs": 8, "partition": True}
 
-_CALLS: list = [None, 0]  # (seed, reseeds) and the calls since: each call's random key
+_LOCK = threading.RLock()  # tracing changes the front end's state: one trace at a time
 _KEY_BASE = 0xC0000000  # (offsets the lazy stream's own keys never reach)
 
 
@@ -168,8 +172,44 @@ class _Tracer(torch.fx.Interpreter):
 _WITH_EFFECTS = torch.ops.higher_order.with_effects
 
 
+class _Prober(_Tracer):
+    """``_Tracer`` that goes on past a node that cannot run, with placeholders of the value
+    AOTAutograd recorded for it (``node.meta["val"]``), naming each such op in ``failing``."""
+
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.failing: dict = {}
+
+    def run_node(self, n):
+        try:
+            return super().run_node(n)
+        except _CannotRun as e:
+            if n.op != "call_function" or "val" not in n.meta:
+                raise
+            self.failing.setdefault(n.target, e)
+            return tree_map(_stand_in, n.meta["val"])
+
+
+def _stand_in(v):
+    if isinstance(v, torch.Tensor):
+        return wrap(Value(DeviceData(Shape(ir_dtype(v.dtype), tuple(int(d) for d in v.shape)))))
+    return v
+
+
+def _probe(gm, args) -> dict:
+    """The ops of ``gm`` that cannot run on the device, for a call on ``args``: ``{target:
+    the _CannotRun it raised}``."""
+    prober = _Prober(gm)
+    traced = [wrap(Value(_placeholder(a))) if isinstance(a, torch.Tensor) else a for a in args]
+    with _tracing():
+        prober.run(*traced)
+    return prober.failing
+
+
 def _is_cpu(d) -> bool:
-    return (isinstance(d, torch.device) and d.type == "cpu") or d == "cpu"
+    if isinstance(d, torch.device):
+        return d.type == "cpu"
+    return isinstance(d, str) and d == "cpu"
 
 
 def _DEVICE():
@@ -178,31 +218,70 @@ def _DEVICE():
 
 class _Partitioned:
     """One ATen graph AOTAutograd hands over, as a callable: one ``_Programs`` for the whole
-    graph, or, once an op is found that cannot run on the device, the graph split into
-    ``_Programs`` around that op's eager calls."""
+    graph, or, where ops cannot run on the device, the graph split into ``_Programs`` around
+    those ops' eager calls. Which ops those are is found before anything runs: the first call
+    traces the whole graph on placeholders, going on past a node that fails with a
+    placeholder of the shape AOTAutograd recorded for it (``_probe``)."""
 
     def __init__(self, gm, settings):
         self.gm, self.settings = gm, settings
         self.eager: set = set()  # op targets run eagerly
-        self.run = _Programs(gm, settings)
+        self.run = None
 
     def __call__(self, *args):
+        if self.run is None:
+            self._plan(_probe(self.gm, args))
         while True:
             try:
                 return self.run(*args)
-            except _CannotRun as e:
-                self._split(e)
+            except _CannotRun as e:  # (a later signature's own: split again, then rerun)
+                self._plan({e.node.target: e})
 
-    def _split(self, e) -> None:
-        target = e.node.target
-        if not self.settings["partition"] or e.node.op != "call_function" or target in self.eager:
+    def _plan(self, failing: dict) -> None:
+        if failing and not self.settings["partition"]:
+            target, e = next(iter(failing.items()))
             raise UnsupportedOpError(
                 f"torch.compile(backend='ir_runtime'): {target} cannot run on the lazy device "
                 f"({e.error}); without fullgraph=True (and with options partition=True) it "
                 f"would run eagerly between programs"
             ) from e.error
-        self.eager.add(target)
-        self.run = _split_graph(self.gm, self.eager, self.settings)
+        eager = self.eager | set(failing)
+        if eager == self.eager and self.run is not None:
+            target, e = next(iter(failing.items()))
+            raise UnsupportedOpError(
+                f"torch.compile(backend='ir_runtime'): {target} cannot run on the lazy device "
+                f"though it runs eagerly here ({e.error})"
+            ) from e.error
+        eager = _same_side(self.gm, eager)
+        self.run = (
+            _split_graph(self.gm, eager, self.settings)
+            if eager
+            else _Programs(self.gm, self.settings)
+        )
+        self.eager = eager
+
+
+def _same_side(gm, eager: set) -> set:
+    """``eager`` grown until no op's second or later output crosses between the device and
+    the host: such outputs (a log-sum-exp, saved statistics, indices) are the kernel's own on
+    one side and a decomposition's on the other, and need not mean the same."""
+    getitem = operator.getitem
+    while True:
+        grown = set(eager)
+        for n in gm.graph.nodes:
+            if n.op != "call_function" or n.target is not getitem or n.args[1] == 0:
+                continue
+            producer = n.args[0]
+            if producer.op != "call_function":
+                continue
+            for user in n.users:
+                if user.op != "call_function":
+                    continue
+                if (producer.target in grown) != (user.target in grown):
+                    grown |= {producer.target, user.target}
+        if grown == eager:
+            return eager
+        eager = grown
 
 
 def _split_graph(gm, eager: set, settings):
@@ -253,6 +332,20 @@ class _Programs:
         return program(args)
 
 
+@contextlib.contextmanager
+def _tracing(key=None):
+    """The context a graph is traced in: isolated (nothing recorded is live; a tensor from
+    outside written in place is named in ``written``), no autograd, random ops drawing from
+    ``key`` at offsets from 0 (the lazy stream's own place kept), one trace at a time."""
+    with _LOCK:
+        with (
+            _step.Isolated("torch.compile(backend='ir_runtime')") as isolated,
+            torch.no_grad(),
+            _rng.own_key(Value(key if key is not None else DeviceData(Shape("uint32", (3,))))),
+        ):
+            yield isolated
+
+
 def _placeholder(t: torch.Tensor) -> DeviceData:
     return DeviceData(Shape(ir_dtype(t.dtype), tuple(t.shape)))
 
@@ -265,13 +358,14 @@ class _Program:
         inputs = [_placeholder(a) if isinstance(a, torch.Tensor) else None for a in args]
         key = DeviceData(Shape("uint32", (3,)))
         traced = [wrap(Value(p)) if p is not None else a for p, a in zip(inputs, args, strict=True)]
-        _rng.sync()  # (a reseed restarts the stream: done first, not inside, taking our key)
-        with (
-            _step.Isolated("torch.compile(backend='ir_runtime')") as isolated,
-            torch.no_grad(),
-            _rng.keyed(Value(key)),
-        ):
+        with _tracing(key) as isolated:
             out = _Tracer(gm).run(*traced)
+        # The graph's outputs as nodes: one that is a graph input is that input (AOTAutograd
+        # regenerates views of inputs itself); any other output is a new tensor, though the
+        # device records a copy (clone) as the value it copies.
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        out_nodes = tree_flatten(output.args[0])[0]
         if isolated.written:
             raise UnsupportedOpError(
                 f"torch.compile(backend='ir_runtime'): the graph writes a tensor from outside "
@@ -282,11 +376,13 @@ class _Program:
         # Each output: ("arg", k) an input as it is, ("root", j) a program result, or
         # ("value", v) a Python value the graph returns.
         self.outputs, roots = [], []
-        for o in flat:
-            if isinstance(o, LazyTensor):
+        for o, o_node in zip(flat, out_nodes, strict=True):
+            if isinstance(o_node, torch.fx.Node) and o_node.op == "placeholder":
+                self.outputs.append(("arg", placeholders.index(o_node)))
+            elif isinstance(o, LazyTensor):
                 node = o._ir.node
                 if type(node) is DeviceData and o._ir.index == 0 and id(node) in where:
-                    self.outputs.append(("arg", where[id(node)]))
+                    self.outputs.append(("copy", where[id(node)]))
                 else:
                     self.outputs.append(("root", len(roots)))
                     roots.append(o._ir)
@@ -319,21 +415,25 @@ class _Program:
             jax.block_until_ready(outs)  # (the inputs are borrowed: nothing reads them after)
             results = [_to_torch(a) for a in outs]
         flat = [
-            args[what] if kind == "arg" else results[what] if kind == "root" else what
+            args[what]
+            if kind == "arg"
+            else results[what]
+            if kind == "root"
+            else args[what].clone()
+            if kind == "copy"
+            else what
             for kind, what in self.outputs
         ]
         return tree_unflatten(flat, self.spec)
 
 
 def _key() -> np.ndarray:
-    """A call's random key: the seed, the calls since torch was last seeded, a base of its
-    own (so ``torch.manual_seed(s)`` replays the same draws)."""
-    seeded = (torch.initial_seed(), _rng.seedings())
-    if _CALLS[0] != seeded:
-        _CALLS[:] = [seeded, 0]
-    _CALLS[1] += 1
-    words = (seeded[0], _CALLS[1], _KEY_BASE)
-    return np.array([w & 0xFFFFFFFF for w in words], np.uint32)
+    """A call's random key: two words drawn from torch's CPU generator, and a base of its own.
+    So ``torch.manual_seed``, ``fork_rng``, ``set_rng_state`` and activation checkpointing's
+    recompute (which restores the generator) replay a call's draws as they replay eager's."""
+    with _LOCK:
+        words = torch.randint(0, 2**32, (2,), dtype=torch.int64).tolist()
+    return np.array([words[0], words[1], _KEY_BASE], np.uint32)
 
 
 _BORROWED = WeakIdKeyDictionary()  # tensor -> (version, data pointer, array)
@@ -342,10 +442,12 @@ _BORROWED = WeakIdKeyDictionary()  # tensor -> (version, data pointer, array)
 def _on_device(t: torch.Tensor, sharding):
     """A plain tensor's data as a device array: the one made at an earlier call if the tensor
     was not written since, else through DLPack (a copy only where XLA needs one)."""
-    seen = _BORROWED.get(t)
-    version, ptr = t._version, t.data_ptr()
-    if seen is not None and seen[0] == version and seen[1] == ptr:
-        return seen[2]
+    cacheable = not t.is_inference()  # (an inference tensor has no version counter)
+    if cacheable:
+        seen = _BORROWED.get(t)
+        version, ptr = t._version, t.data_ptr()
+        if seen is not None and seen[0] == version and seen[1] == ptr:
+            return seen[2]
     src = t.detach()
     if src.device.type != "cpu":
         src = src.cpu()
@@ -363,8 +465,18 @@ def _on_device(t: torch.Tensor, sharding):
         array = host_numpy(src, copy=False)
     array = jax.device_put(array, sharding)
     _metrics.count("DynamoInputsPlaced")
-    _BORROWED[t] = (version, ptr, array)
+    # Kept for the next call only where the array is the tensor's own memory: a write the
+    # version counter does not see (``.data``, numpy) is then read as it is; a copy is not kept.
+    if cacheable and _shares(array, t):
+        _BORROWED[t] = (version, ptr, array)
     return array
+
+
+def _shares(array, t: torch.Tensor) -> bool:
+    try:
+        return t.device.type == "cpu" and array.unsafe_buffer_pointer() == t.data_ptr()
+    except Exception:  # (a sharded array: no one buffer)
+        return False
 
 
 def _to_torch(a) -> torch.Tensor:

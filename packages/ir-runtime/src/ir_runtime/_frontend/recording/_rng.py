@@ -9,7 +9,7 @@ host), the draws after it take a new key whose base is where the stream is, with
 (a sampling loop's tokens) records the same program every iteration, compiled once.
 
 This module owns the stream's state (``_state``); everything else reads and writes it through
-``current_key``, ``draw``, ``state``, ``restore``, ``keyed``, ``seedings`` and
+``current_key``, ``draw``, ``state``, ``restore``, ``keyed``, ``own_key``, ``seedings`` and
 ``next_step``."""
 
 from __future__ import annotations
@@ -115,6 +115,20 @@ def keyed(key):
     finally:
         if _state["key"] is key:
             _state["key"] = saved
+
+
+@contextlib.contextmanager
+def own_key(key):
+    """Random ops inside draw from ``key`` at offsets from 0 (a program traced on its own,
+    whose key is an input it is fed per call); the stream is where it was afterwards."""
+    sync()
+    saved = dict(_state)
+    _state.update(key=key, offset=0)
+    try:
+        yield
+    finally:
+        _state.clear()
+        _state.update(saved)
 
 
 def random(op, shape: Shape, *operands, **attrs) -> LazyTensor:
