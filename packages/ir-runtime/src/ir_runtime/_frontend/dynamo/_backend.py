@@ -19,10 +19,14 @@ What a call does:
   XLA takes the memory as it is) and is never donated: it is borrowed, and an eager optimizer
   may write it once the call returns. The call waits for its results before returning, so no
   program reads a borrowed buffer after that. A tensor not written since the last call
-  (``_version``, the same storage) is not transferred again.
-- Random ops (dropout) draw from a key that is an input of the program, fresh per call
-  (``torch.initial_seed()`` and a call counter): each call draws new numbers, and
-  ``torch.manual_seed`` reproduces them.
+  (``_version``, the same storage) is not placed again where its device array is its own
+  memory; a copied one (non-contiguous) is placed every call. An output that is a graph
+  input is that tensor; a copy of an input is a new tensor.
+- Ops that cannot run on the device are found before anything runs (``_probe``), and an op's
+  second or later output never crosses between the device and the host (``_same_side``).
+- Random ops (dropout) draw from a key that is an input of the program, two words drawn per
+  call from torch's CPU generator: each call draws new numbers, and ``torch.manual_seed``,
+  ``fork_rng``, ``set_rng_state`` and checkpointing's recompute replay them as eager's.
 - Shapes: each ATen graph keeps one program per concrete signature (shapes, dtypes, the ints
   Dynamo passes for symbolic sizes), at most ``max_programs`` of them (the oldest dropped).
   With ``dynamic=False`` a new batch shape is a Dynamo recompile and one more program; with
