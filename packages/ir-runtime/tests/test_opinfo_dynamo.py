@@ -10,7 +10,37 @@ import opinfo_dynamo
 import pytest
 from opinfo_known_failures import KNOWN_FAILURES as LAZY_FAILURES
 
-KNOWN_FAILURES = {"chalf": LAZY_FAILURES["chalf"]}
+# Ops Dynamo runs as they are, handing the backend no graph (checked: eager against eager
+# would prove nothing): Dynamo breaks its graph where a result's shape, or a Python value,
+# depends on the data (torch's capture_dynamic_output_shape_ops and capture_scalar_outputs
+# are off by default), or on a storage resize.
+_DATA_DEPENDENT = {
+    "item": "a tensor read into a Python number",
+    "allclose": "a Python bool of the data",
+    "equal": "a Python bool of the data",
+    "combinations": "a shape that depends on the data (its nonzero mask)",
+    "corrcoef": "a data-dependent check inside torch.cov",
+    "cov": "a data-dependent check of its weights",
+    "masked_select": "a shape that depends on the mask's values",
+    "tensor_split": "split points read from a tensor",
+    "unique": "a shape that depends on the data",
+    "unique_consecutive": "a shape that depends on the data",
+    "nonzero": "a shape that depends on the data",
+    "argwhere": "a shape that depends on the data",
+    "resize_": "a storage resize",
+    "resize_as_": "a storage resize",
+    "nn.functional.ctc_loss": "target lengths read into Python",
+    "nn.functional.gaussian_nll_loss": "a data-dependent check of its variance",
+    "linalg.lstsq": "a data-dependent driver check",
+    "linalg.lstsq.grad_oriented": "a data-dependent driver check",
+}
+KNOWN_FAILURES = {
+    "chalf": LAZY_FAILURES["chalf"],
+    **{
+        name: ("values", f"Dynamo hands the backend no graph: {why}")
+        for name, why in _DATA_DEPENDENT.items()
+    },
+}
 SAMPLES = 1
 OPS = opinfo.population()
 OUTCOMES: dict = {}  # op id -> Outcome, for the run's summary
