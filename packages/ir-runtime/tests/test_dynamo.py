@@ -166,22 +166,37 @@ def test_under_fullgraph_or_without_partition_such_an_op_is_an_error_naming_it()
             compiled(data(2, (5, 8)))
 
 
-def test_modes_are_taken_and_unknown_modes_and_options_refused_by_name():
+def test_modes_are_taken():
     x = data(3)
     want = mlp()(x).detach().numpy()
     for mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         torch._dynamo.reset()
         got = torch.compile(mlp(), backend="ir_runtime", mode=mode)(x).detach().numpy()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# In a process of its own: after Dynamo has failed a compile (here, the backend refusing a
+# mode), later compile_step steps in the same process donate fewer buffers (they trace once
+# more; their values are right). Not understood yet; kept out of the other tests' way.
+REFUSALS = """
+import pytest, torch
+import ir_runtime
+x = torch.randn(8, 16)
+m = torch.nn.Linear(16, 4)
+for kwargs, message in (
+    ({"mode": "fastest"}, "mode 'fastest' is not one of"),
+    ({"options": {"donate": True}}, "unknown option 'donate'"),
+    ({"options": {"max_programs": 0}}, "max_programs must be an int of at least 1, got 0"),
+    ({"options": {"partition": 1}}, "partition must be a bool, got 1"),
+):
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="mode 'fastest' is not one of"):
-        torch.compile(mlp(), backend="ir_runtime", mode="fastest")(x)
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="unknown option 'donate'"):
-        torch.compile(mlp(), backend="ir_runtime", options={"donate": True})(x)
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="max_programs must be an int of at least 1, got 0"):
-        torch.compile(mlp(), backend="ir_runtime", options={"max_programs": 0})(x)
+    with pytest.raises(Exception, match=message):
+        torch.compile(m, backend="ir_runtime", **kwargs)(x)
+"""
+
+
+def test_unknown_modes_and_options_are_refused_by_name():
+    subprocess.run([sys.executable, "-c", REFUSALS], check=True, timeout=300)
 
 
 def test_the_backend_is_found_by_name_with_nothing_imported():
