@@ -329,3 +329,18 @@ def test_dropout_under_checkpoint_and_fork_rng_draws_as_eager_does():
         drop(x)
     b = drop(x).detach()
     torch.testing.assert_close(a, b)  # (as eager: the fork's draws leave no trace)
+
+
+def test_the_backend_as_a_callable_and_registered_under_another_name():
+    from torch._dynamo.backends.registry import list_backends, register_backend
+
+    if "ir_runtime_test_name" not in list_backends(exclude_tags=()):
+        register_backend(compiler_fn=irt.dynamo_backend, name="ir_runtime_test_name")
+    x = data(4)
+    want = mlp()(x).detach()
+    for backend in (irt.dynamo_backend, "ir_runtime_test_name"):
+        torch._dynamo.reset()
+        irt.reset_metrics()
+        got = torch.compile(mlp(), backend=backend, dynamic=False)(x).detach()
+        torch.testing.assert_close(got, want)
+        assert counters()["DynamoGraphs"] == 1

@@ -100,6 +100,7 @@ _FRONTEND = {
         "regions._shard_map",
     ),
     "scan_layers": "regions._scan",
+    "dynamo_backend": "dynamo._backend",
     **dict.fromkeys(
         ("STACK_SAFE_OPTIMIZERS", "StackWarning", "stack_layers", "unstack_layers"),
         "regions._stack",
@@ -208,6 +209,7 @@ __all__ = [
     "device_mesh",
     "devices",
     "dump",
+    "dynamo_backend",
     "execute",
     "from_process_local",
     "generate",

@@ -488,3 +488,8 @@ def _to_torch(a) -> torch.Tensor:
         return torch.from_dlpack(a)
     except Exception:  # (a dtype DLPack does not carry)
         return torch.from_numpy(np.asarray(a))
+
+
+# The backend by its public name (``ir_runtime.dynamo_backend``): ``torch.compile(m,
+# backend=ir_runtime.dynamo_backend)``, or ``torch._dynamo.register_backend`` under a name.
+dynamo_backend = backend
