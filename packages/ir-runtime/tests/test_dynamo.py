@@ -344,3 +344,48 @@ def test_the_backend_as_a_callable_and_registered_under_another_name():
         got = torch.compile(mlp(), backend=backend, dynamic=False)(x).detach()
         torch.testing.assert_close(got, want)
         assert counters()["DynamoGraphs"] == 1
+
+
+MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
+
+
+def test_lazy_sharded_models_run_on_the_lazy_device_as_written():
+    """Dynamo cannot fake a LazyTensor: it breaks its graphs inside one and runs the frames as
+    written, their ops recorded with their shardings and run SPMD by mark_step, or replayed
+    by compile_step; a changed sharding is another program."""
+    eager = mlp()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    irt.mark_sharding(lazy[0].weight, MESH, ("model", None))
+    irt.mark_sharding(lazy[3].weight, MESH, (None, "model"))
+    compiled = torch.compile(lazy, backend="ir_runtime")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1)
+
+    @irt.compile_step
+    def step(x):
+        irt.mark_sharding(x, MESH, ("data", None))
+        loss = compiled(x).square().mean()
+        loss.backward()
+        opt_l.step()
+        opt_l.zero_grad()
+        return loss
+
+    irt.reset_metrics()
+    for k in range(4):
+        x = data(k)
+        loss = eager(x).square().mean()
+        loss.backward()
+        opt_e.step()
+        opt_e.zero_grad()
+        got = step(irt.to_lazy(x))
+        np.testing.assert_allclose(irt.to_torch(got).item(), loss.item(), rtol=1e-5)
+    c = counters()
+    assert step.replaying and c["StepReplay"] == 2
+    from ir_runtime._frontend import inspect
+
+    spec = inspect.annotation_of(lazy[0].weight)
+    assert spec is not None and spec.partition_spec == ("model", None)
+    compiles = c["CompileCount"]
+    irt.mark_sharding(lazy[0].weight, MESH, (None, "model"))  # another layout: recompiles
+    step(irt.to_lazy(data(9)))
+    assert counters()["CompileCount"] > compiles
