@@ -24,6 +24,7 @@ Used by ``test_opinfo.py`` and by ``bench/opinfo_coverage.py``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 
@@ -231,11 +232,10 @@ def _same_layout(got, want, what):
     return None
 
 
-def _random(op, sample) -> bool:
-    """Whether eager's result depends on the seed (or is uninitialized memory). OpInfo wraps
-    some random ops in ``wrapper_set_seed`` (seed 42 inside): asked without it."""
-    if "empty" in op.name or op.name in ("new_empty_strided",):
-        return True
+@contextlib.contextmanager
+def unseeded(op):
+    """Within: ``op`` called without OpInfo's ``wrapper_set_seed`` (seed 42 inside), which
+    some random ops are wrapped in."""
     fn = getattr(op.op, "__wrapped__", op.op)
     scope = getattr(fn, "__globals__", {})
     seeded = "wrapper_set_seed" in getattr(getattr(fn, "__code__", None), "co_names", ())
@@ -243,11 +243,20 @@ def _random(op, sample) -> bool:
     if seeded:
         scope["wrapper_set_seed"] = lambda f, *args, **kwargs: f(*args, **kwargs)
     try:
-        first = _eager(op, sample, 0)
-        return any(_same(_eager(op, sample, s), first, 0, 0, "x") for s in (1, 2, 3))
+        yield
     finally:
         if seeded:
             scope["wrapper_set_seed"] = saved
+
+
+def _random(op, sample) -> bool:
+    """Whether eager's result depends on the seed (or is uninitialized memory), asked without
+    OpInfo's reseeding (``unseeded``)."""
+    if "empty" in op.name or op.name in ("new_empty_strided",):
+        return True
+    with unseeded(op):
+        first = _eager(op, sample, 0)
+        return any(_same(_eager(op, sample, s), first, 0, 0, "x") for s in (1, 2, 3))
 
 
 def _differentiable(outs):

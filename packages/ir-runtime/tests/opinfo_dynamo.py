@@ -9,8 +9,6 @@ result is random or uninitialized is compared by shape and dtype (``opinfo._rand
 
 from __future__ import annotations
 
-import contextlib
-
 import opinfo
 import torch
 from torch.utils._pytree import tree_map
@@ -66,7 +64,9 @@ def check(op) -> opinfo.Outcome:
     compiled = torch.compile(fn, backend="ir_runtime", dynamic=False)
     graphs = irt.metrics()["counters"].get("DynamoGraphs", 0)
     try:
-        with _unseeded(op):
+        # (OpInfo's reseeding wrapper is where Dynamo breaks the graph: the op is called
+        # without it, so it reaches the backend; random results are compared by shape)
+        with opinfo.unseeded(op):
             got, got_grads = _run(compiled, op, _fresh(sample))
     except Exception as e:  # (an op the backend refuses: named by the outcome)
         return opinfo.Outcome("raise", None, f"{type(e).__name__}: {str(e)[:300]}")
@@ -86,24 +86,6 @@ def check(op) -> opinfo.Outcome:
     w = [g if g is not None else None for g in want_grads]
     wrong = opinfo._same(list(got_grads), w, grtol, gatol, "gradient")
     return opinfo.Outcome("pass", "wrong" if wrong else "pass", wrong or "")
-
-
-@contextlib.contextmanager
-def _unseeded(op):
-    """OpInfo wraps random ops in ``wrapper_set_seed`` (``torch.manual_seed`` inside, where
-    Dynamo breaks the graph): called without it, so the op reaches the backend (random
-    results are compared by shape and dtype)."""
-    fn = getattr(op.op, "__wrapped__", op.op)
-    scope = getattr(fn, "__globals__", {})
-    seeded = "wrapper_set_seed" in getattr(getattr(fn, "__code__", None), "co_names", ())
-    saved = scope.get("wrapper_set_seed")
-    if seeded:
-        scope["wrapper_set_seed"] = lambda f, *args, **kwargs: f(*args, **kwargs)
-    try:
-        yield
-    finally:
-        if seeded:
-            scope["wrapper_set_seed"] = saved
 
 
 def _shape(t):

@@ -152,9 +152,9 @@ class _Tracer(torch.fx.Interpreter):
     def fetch_args_kwargs_from_env(self, n):
         args, kwargs = super().fetch_args_kwargs_from_env(n)
         if any(_is_cpu(a) for a in args):
-            args = tuple(_DEVICE() if _is_cpu(a) else a for a in args)
+            args = tuple(_convert.DEVICE if _is_cpu(a) else a for a in args)
         if _is_cpu(kwargs.get("device")):
-            kwargs = {**kwargs, "device": _DEVICE()}
+            kwargs = {**kwargs, "device": _convert.DEVICE}
         return args, kwargs
 
     def call_function(self, target, args, kwargs):
@@ -195,9 +195,7 @@ class _Prober(_Tracer):
 
 
 def _stand_in(v):
-    if isinstance(v, torch.Tensor):
-        return wrap(Value(DeviceData(Shape(ir_dtype(v.dtype), tuple(int(d) for d in v.shape)))))
-    return v
+    return wrap(Value(_placeholder(v))) if isinstance(v, torch.Tensor) else v
 
 
 def _probe(gm, args) -> dict:
@@ -214,10 +212,6 @@ def _is_cpu(d) -> bool:
     if isinstance(d, torch.device):
         return d.type == "cpu"
     return isinstance(d, str) and d == "cpu"
-
-
-def _DEVICE():
-    return _convert.DEVICE
 
 
 class _Partitioned:
@@ -351,7 +345,8 @@ def _tracing(key=None):
 
 
 def _placeholder(t: torch.Tensor) -> DeviceData:
-    return DeviceData(Shape(ir_dtype(t.dtype), tuple(t.shape)))
+    """A data node of ``t``'s shape and dtype (``t`` a tensor, or AOTAutograd's fake one)."""
+    return DeviceData(Shape(ir_dtype(t.dtype), tuple(int(d) for d in t.shape)))
 
 
 class _Program:

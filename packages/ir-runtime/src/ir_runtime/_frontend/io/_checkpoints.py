@@ -347,7 +347,7 @@ class _Restack:
         if all(r is not None for r in self.rows.values()):
             t = stack_of(self.owner).tensor(self.owner, self.flat)
             # (a row no layer reads any more, a deleted layer's, keeps its value)
-            rows = [self.rows.get(i, t.detach()[i]) for i in range(t.shape[0])]
+            rows = [self.rows[i] if i in self.rows else t.detach()[i] for i in range(t.shape[0])]
             with torch.no_grad():
                 t.copy_(torch.stack(rows))
             self.rows = dict.fromkeys(self.rows)

@@ -50,7 +50,7 @@ from ir_runtime._frontend.parallel._dtensor import place
 from ir_runtime._frontend.parallel._mesh import LazyDeviceMesh, as_lazy_mesh
 from ir_runtime._frontend.recording._api import to_lazy
 from ir_runtime._frontend.recording._tensor import LazyTensor
-from ir_runtime._frontend.regions._stack import is_stacked, stack_of
+from ir_runtime._frontend.regions._stack import stack_of
 from ir_sharding import ShardingError
 
 _TORCH_STYLES = (
@@ -589,7 +589,7 @@ def fully_shard(
     for p, where in owners.values():
         # A stacked parameter (stack_layers) is split on each layer's dim 0, its dim 1: the
         # layer dim stays whole, so a scan's step reads its layer where it is.
-        stacked = is_stacked(p) or any(stack_of(o) is not None for o, _ in where)
+        stacked = any(stack_of(o) is not None for o, _ in where)
         if stacked and mp_policy.param_dtype is not None:
             raise ShardingError(
                 f"fully_shard: param_dtype casts a module's parameters around its forward, and "

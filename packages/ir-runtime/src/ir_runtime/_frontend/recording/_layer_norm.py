@@ -45,10 +45,10 @@ def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn
     var = (x - mean).square().mean(dims, keepdim=True)
     out = (x - mean) * torch.rsqrt(var + eps)
     if weight is not None:
-        out = out * (weight.to(x.dtype) if weight.dtype != x.dtype else weight)
+        out = out * weight.to(x.dtype)  # (in the same dtype, .to returns the tensor itself)
     if bias is not None:
-        out = out + (bias.to(x.dtype) if bias.dtype != x.dtype else bias)
-    return out.to(input.dtype) if out.dtype != input.dtype else out
+        out = out + bias.to(x.dtype)
+    return out.to(input.dtype)
 
 
 _LIBRARY: list = []

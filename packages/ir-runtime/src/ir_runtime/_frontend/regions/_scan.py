@@ -48,10 +48,8 @@ def _described(layer) -> list:
         return [(n, tuple(t.shape), t.dtype) for n, t in _tensors(layer)]
     owner, _ = at
     stack = _stack.stack_of(owner)
-    return [
-        (path, tuple(stack.tensor(owner, flat).shape[1:]), stack.tensor(owner, flat).dtype)
-        for path, flat, _, _ in stack.entries
-    ]
+    tensors = [(path, stack.tensor(owner, flat)) for path, flat, _, _ in stack.entries]
+    return [(path, tuple(t.shape[1:]), t.dtype) for path, t in tensors]
 
 
 def _layer_tensors(layer) -> list:

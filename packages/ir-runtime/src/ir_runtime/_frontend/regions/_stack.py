@@ -331,9 +331,7 @@ def _compute(tensors) -> None:
     tensors = [t for t in tensors if _step.pending(t)]
     if tensors:
         busy, held = _step.split_live()
-        chosen = {id(t) for t in tensors}
-        held |= _step.data_read([u._ir for u in busy if id(u) not in chosen])
-        _step.run(tensors, held)
+        _step.run(tensors, held | _step.read_besides(tensors, busy))
 
 
 def unstack_layers(layers):
@@ -546,8 +544,3 @@ def register(p, flat: str) -> None:
     """``p`` is a stacked parameter named ``flat`` (a deep copy's, a loaded one's)."""
     if p not in _STACKED:
         _STACKED[p] = flat
-
-
-def is_stacked(p) -> bool:
-    """Whether ``p`` is a stacked parameter of ``stack_layers``."""
-    return p in _STACKED

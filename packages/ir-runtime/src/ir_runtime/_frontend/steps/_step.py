@@ -320,6 +320,13 @@ def mark_step() -> None:
     _profile.step_ended()
 
 
+def read_besides(tensors, busy: list) -> set:
+    """The data that the live pending tensors ``busy`` read, but for ``tensors``: what a
+    program of ``tensors`` alone must not donate."""
+    chosen = {id(u) for u in tensors}
+    return data_read([u._ir for u in busy if id(u) not in chosen])
+
+
 def materialize(t: LazyTensor) -> DeviceData:
     """``t``'s data. If it is pending, its graph runs together with every live pending tensor
     whose graph shares a node with it: those values are computed by the same program at little
@@ -336,9 +343,7 @@ def materialize(t: LazyTensor) -> DeviceData:
         if _debug.DEBUG[0]:
             _debug.host_read(_debug.shape_text(t._ir.shape), _fast.origin(), len(tensors))
         if len(tensors) < len(busy):  # what the others will still read is not donated
-            chosen = {id(u) for u in tensors}
-            rest = [u._ir for u in busy if id(u) not in chosen]
-            held |= data_read(rest)
+            held |= read_besides(tensors, busy)
         _run_or_set_aside(tensors, held)
     return t._ir.node
 
