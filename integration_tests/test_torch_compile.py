@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import ir_runtime as irt
 
@@ -69,9 +70,9 @@ MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
 
 
 def test_a_lazy_llama_sharded_4x2_under_torch_compile_trains_as_eager():
-    """Lazy inputs: Dynamo cannot fake a LazyTensor, so it runs the model's frames as written,
-    their ops recorded on the lazy device with the batch's sharding; compile_step replays the
-    step; eager's losses."""
+    """Lazy inputs: Dynamo captures the lazy Llama in one graph per pass, whose ops are
+    recorded on the lazy device with the batch's sharding; compile_step replays the step;
+    eager's losses."""
     torch._dynamo.reset()
     eager = hf_models.causal().train()
     lazy = irt.to_lazy(copy.deepcopy(eager))
@@ -98,4 +99,38 @@ def test_a_lazy_llama_sharded_4x2_under_torch_compile_trains_as_eager():
         opt_e.zero_grad()
         got = irt.to_torch(step(irt.to_lazy(ids)))
         np.testing.assert_allclose(got.item(), want.item(), rtol=1e-4)
-    assert step.replaying and irt.metrics()["counters"]["StepReplay"] == 2  # (after 3 traces)
+    c = irt.metrics()["counters"]
+    assert step.replaying and c["StepReplay"] == 2  # (after 3 traces)
+    assert c["DynamoLazyCalls"] > 0
+
+
+def test_a_lazy_llama_placed_by_its_tp_plan_under_torch_compile_trains_as_eager():
+    """Parameters placed on a 4x2 DeviceMesh by the model's own tp_plan, the batch by
+    distribute_tensor; the plan's hooks place activations between Dynamo's graphs; each step
+    runs at mark_step with eager's losses."""
+    torch._dynamo.reset()
+    mesh = irt.device_mesh((4, 2), ("dp", "tp"))
+    eager = hf_models.causal().train()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    irt.apply_tp_plan(lazy, mesh)
+    assert lazy.model.layers[0].self_attn.o_proj.weight.placements == (Shard(1),)
+    compiled = torch.compile(lazy, backend="ir_runtime")
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-3)
+    opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    irt.reset_metrics()
+    for _ in range(5):
+        ids = torch.randint(1, 96, (4, 8), generator=g)
+        want = eager(input_ids=ids, labels=ids).loss
+        want.backward()
+        opt_e.step()
+        opt_e.zero_grad()
+        batch = distribute_tensor(ids, mesh, [Shard(0), Replicate()])
+        loss = compiled(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt_l.step()
+        opt_l.zero_grad()
+        irt.mark_step()
+        np.testing.assert_allclose(irt.to_torch(loss).item(), want.item(), rtol=1e-4)
+    c = irt.metrics()["counters"]
+    assert c["DynamoLazyCalls"] > 0 and c["CompileCount"] <= 3  # (steps 1 and 2 differ)

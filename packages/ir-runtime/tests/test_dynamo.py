@@ -349,16 +349,61 @@ def test_the_backend_as_a_callable_and_registered_under_another_name():
 MESH = irt.Mesh(np.arange(8), (4, 2), ("data", "model"))
 
 
-def test_lazy_sharded_models_run_on_the_lazy_device_as_written():
-    """Dynamo cannot fake a LazyTensor: it breaks its graphs inside one and runs the frames as
-    written, their ops recorded with their shardings and run SPMD by mark_step, or replayed
-    by compile_step; a changed sharding is another program."""
+def _train_lazy(compiled, opt, k, mesh=MESH):
+    x = irt.to_lazy(data(k))
+    irt.mark_sharding(x, mesh, ("data", None))
+    loss = compiled(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    irt.mark_step()
+    return irt.to_torch(loss).item()
+
+
+def _train_eager(model, opt, k):
+    loss = model(data(k)).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
+
+
+def test_lazy_sharded_inputs_are_captured_in_one_graph_and_run_spmd_at_mark_step():
+    """Dynamo takes lazy tensors in as tensors of the lazy device (fullgraph=True holds): the
+    graph records its ops on them per call, pending until mark_step runs them with the
+    parameters' and the batch's shardings; a changed sharding is a new XLA program, not a
+    new Dynamo graph."""
     eager = mlp()
     lazy = irt.to_lazy(copy.deepcopy(eager))
     irt.mark_sharding(lazy[0].weight, MESH, ("model", None))
     irt.mark_sharding(lazy[3].weight, MESH, (None, "model"))
-    compiled = torch.compile(lazy, backend="ir_runtime")
+    compiled = torch.compile(lazy, backend="ir_runtime", fullgraph=True)
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1)
+    irt.reset_metrics()
+    for k in range(3):
+        want = _train_eager(eager, opt_e, k)
+        np.testing.assert_allclose(_train_lazy(compiled, opt_l, k), want, rtol=1e-5)
+    c = counters()
+    assert c["DynamoGraphs"] == 1 and c["DynamoLazyCalls"] == 6  # forward and backward, 3x
+    assert "DynamoPrograms" not in c  # (no program of the backend's own: mark_step's)
+    compiles = c["CompileCount"]
+    irt.mark_sharding(lazy[0].weight, MESH, (None, "model"))  # another layout
+    want = _train_eager(eager, opt_e, 3)
+    np.testing.assert_allclose(_train_lazy(compiled, opt_l, 3), want, rtol=1e-5)
+    c = counters()
+    assert c["CompileCount"] > compiles and c["DynamoGraphs"] == 1
+    for k, v in eager.state_dict().items():
+        np.testing.assert_allclose(irt.to_torch(lazy.state_dict()[k]), v, rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_lazy_model_inside_compile_step_is_replayed_and_its_guards_hold():
+    """Inside compile_step the graph's ops are recorded into the step's program, which then
+    replays; eval() switches both Dynamo's graph and the step's program."""
+    eager = torch.nn.Sequential(*mlp(), torch.nn.Dropout(0.5))
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    irt.mark_sharding(lazy[0].weight, MESH, ("model", None))
+    compiled = torch.compile(lazy, backend="ir_runtime", fullgraph=True)
     opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1)
 
     @irt.compile_step
@@ -371,21 +416,67 @@ def test_lazy_sharded_models_run_on_the_lazy_device_as_written():
         return loss
 
     irt.reset_metrics()
-    for k in range(4):
-        x = data(k)
-        loss = eager(x).square().mean()
-        loss.backward()
-        opt_e.step()
-        opt_e.zero_grad()
-        got = step(irt.to_lazy(x))
-        np.testing.assert_allclose(irt.to_torch(got).item(), loss.item(), rtol=1e-5)
+    losses = [irt.to_torch(step(irt.to_lazy(data(0)))).item() for _ in range(4)]
+    assert step.replaying and len(set(losses)) == 4  # (dropout draws afresh at each replay)
     c = counters()
-    assert step.replaying and c["StepReplay"] == 2
-    from ir_runtime._frontend import inspect
+    assert c["StepReplay"] >= 2 and c["DynamoGraphs"] == 1
+    lazy.eval()
+    eager.load_state_dict({k: irt.to_torch(v) for k, v in lazy.state_dict().items()})
+    eager.eval()
+    x = data(5)
+    got = irt.to_torch(step(irt.to_lazy(x))).item()
+    np.testing.assert_allclose(got, eager(x).square().mean().item(), rtol=1e-5)
+    assert counters()["DynamoGraphs"] == 2
 
-    spec = inspect.annotation_of(lazy[0].weight)
-    assert spec is not None and spec.partition_spec == ("model", None)
-    compiles = c["CompileCount"]
-    irt.mark_sharding(lazy[0].weight, MESH, (None, "model"))  # another layout: recompiles
-    step(irt.to_lazy(data(9)))
-    assert counters()["CompileCount"] > compiles
+
+def test_lazy_batch_norm_statistics_land_and_outputs_alias_as_eager():
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.BatchNorm1d(6, momentum=0.3))
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    compiled = torch.compile(lazy, backend="ir_runtime", fullgraph=True)
+    for k in range(3):
+        x = data(k, (10, 8))
+        eager(x).exp().mean().backward()
+        compiled(irt.to_lazy(x)).exp().mean().backward()
+        irt.mark_step()
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        want = getattr(eager[1], name)
+        np.testing.assert_allclose(irt.to_torch(getattr(lazy[1], name)), want, rtol=1e-4)
+    for p, q in zip(lazy.parameters(), eager.parameters(), strict=True):
+        np.testing.assert_allclose(irt.to_torch(p.grad), q.grad, rtol=1e-4, atol=1e-6)
+
+    def f(x):
+        return x.view(2, -1), x.sin()
+
+    x = irt.to_lazy(data(1, (4, 3)))
+    view, sin = torch.compile(f, backend="ir_runtime", fullgraph=True)(x)
+    with torch.no_grad():
+        x.add_(1.0)  # the view sees the write, as a view of x does in eager
+    np.testing.assert_array_equal(irt.to_torch(view), (data(1, (4, 3)) + 1).view(2, -1))
+    np.testing.assert_allclose(irt.to_torch(sin), data(1, (4, 3)).sin(), rtol=1e-6)
+
+
+def test_another_backend_on_lazy_inputs_runs_the_frames_as_written_and_host_writes_are_seen():
+    """Only this backend takes lazy tensors into its graphs; under another (aot_eager) Dynamo
+    runs the frames as written, recording lazily. Inside a traced step such a backend's frames
+    are not compiled (a host write its kernels made would be hidden from the step)."""
+    model = irt.to_lazy(mlp())
+    x = data(2)
+    want = mlp()(x)
+    got = torch.compile(model, backend="aot_eager")(irt.to_lazy(x))
+    np.testing.assert_allclose(irt.to_torch(got), want.detach(), rtol=1e-5, atol=1e-6)
+
+    count = torch.zeros(())
+
+    def bump(y):
+        count.add_(1)  # a host tensor written in place
+        return y * 2
+
+    for backend in ("aot_eager", "ir_runtime"):
+        torch._dynamo.reset()
+        count.zero_()
+        compiled = torch.compile(bump, backend=backend)
+        step = irt.compile_step(lambda y, f=compiled: f(y) + 1)
+        for _ in range(3):
+            step(irt.to_lazy(torch.ones(2)))
+        assert count.item() == 3 and not step.replaying, backend  # traced on every call

@@ -9,15 +9,21 @@ tensors, so every ATen op goes through the front end's dispatch (the rule table 
 cache, and each call runs that executable on the call's arrays, with no re-tracing.
 
 Why not make ``LazyTensor`` a traceable subclass: its payload is an IR node, not an inner torch
-tensor, so AOTAutograd's fake tensors cannot stand in for it. Why not re-run each graph on lazy
-tensors per call (torch_xla's bridge): that re-traces every call; here a call costs a cache
-lookup and a launch.
+tensor, so AOTAutograd could not trace through it; Dynamo fakes a lazy tensor as a plain tensor
+of the lazy device instead (``_capture``). Why not re-run each graph on lazy tensors per call
+for plain tensors too (torch_xla's bridge): that re-traces every call; here a call on plain
+tensors costs a cache lookup and a launch.
 
-What a call does:
+A graph on lazy tensors (``_OnLazy``) is recorded on them at each call, through the same
+dispatch, into the lazy graph: its results are pending until ``mark_step`` runs them as one
+SPMD program with the tensors' shardings, or are part of the program of the ``compile_step``
+tracing it, which then replays.
 
-- Inputs are plain tensors. A CPU tensor becomes a device array through DLPack (no copy where
-  XLA takes the memory as it is) and is never donated: it is borrowed, and an eager optimizer
-  may write it once the call returns. The call waits for its results before returning, so no
+What a call on plain tensors does:
+
+- A CPU tensor becomes a device array through DLPack (no copy where XLA takes the memory as
+  it is) and is never donated: it is borrowed, and an eager optimizer may write it once the
+  call returns. The call waits for its results before returning, so no
   program reads a borrowed buffer after that. A tensor not written since the last call
   (``_version``, the same storage) is not placed again where its device array is its own
   memory; a copied one (non-contiguous) is placed every call. An output that is a graph
@@ -53,6 +59,7 @@ as under ``fullgraph=True``); any other key is refused by name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import threading
 
@@ -69,10 +76,11 @@ from ir_runtime._bounded import Bounded
 from ir_runtime._cache import CACHE
 from ir_runtime._errors import RuntimeIRError, UnsupportedOpError
 from ir_runtime._execute import place
+from ir_runtime._frontend.dynamo import _capture
 from ir_runtime._frontend.recording import _convert, _rng
 from ir_runtime._frontend.recording._convert import host_numpy, ir_dtype
 from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
-from ir_runtime._frontend.steps import _step
+from ir_runtime._frontend.steps import _step, _trace
 from ir_sharding import ShardingError
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -128,9 +136,60 @@ def backend(gm, example_inputs, mode=None, options=None):
     _metrics.count("DynamoGraphs")
 
     def compiler(graph, inputs):
-        return make_boxed_func(_Partitioned(graph, settings))  # (AOTAutograd's convention)
+        run = _OnLazy(graph) if _on_lazy(graph) else _Partitioned(graph, settings)
+        return make_boxed_func(run)  # (AOTAutograd's convention)
 
     return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)
+
+
+def _on_lazy(gm) -> bool:
+    """Whether an ATen graph computes on the lazy device: a value of it (an input, or a tensor
+    it makes, such as positions from ``arange(..., device=ids.device)``) is a lazy tensor."""
+    lazy = _convert.DEVICE.type
+    for n in gm.graph.nodes:
+        for v in tree_flatten(n.meta.get("val"))[0]:
+            if isinstance(v, torch.Tensor) and v.device.type == lazy:
+                return True
+    return False
+
+
+def _ours(fn) -> bool:
+    """Whether Dynamo's compiler function ``fn`` is this backend (through the wrappers torch
+    puts around a backend: mode and options, debugging, partial arguments)."""
+    for _ in range(8):
+        if fn is backend:
+            return True
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+            continue
+        fn = (
+            getattr(fn, "_torchdynamo_orig_backend", None)
+            or getattr(fn, "compiler_fn", None)
+            or getattr(fn, "__wrapped__", None)
+        )
+        if fn is None:
+            return False
+    return False
+
+
+class _OnLazy:
+    """One ATen graph whose inputs are lazy tensors: each call records the graph's ops on them
+    into the lazy graph, as the model's own code would in lazy mode, through the same
+    dispatch. The results are lazy tensors, pending until ``mark_step`` runs them (or a
+    ``compile_step`` replays the step they are in), with the inputs' shardings; a changed
+    sharding is a new program there. An op without a rule is the front end's own error
+    naming it: lazy inputs are not split between programs and eager ops."""
+
+    def __init__(self, gm):
+        self.gm = gm
+        self.effects = any(n.target is _WITH_EFFECTS for n in gm.graph.nodes)
+
+    def __call__(self, *args):
+        _metrics.count("DynamoLazyCalls")
+        with torch.no_grad():  # (the graph is functional: AOTAutograd does the autograd)
+            if self.effects:
+                return _Runner(self.gm).run(*args)
+            return self.gm.forward(*args)  # (not a module call: no hooks see it)
 
 
 # -- running a graph ----------------------------------------------------------------------------
@@ -144,7 +203,21 @@ class _CannotRun(Exception):
         self.node, self.error = node, error
 
 
-class _Tracer(torch.fx.Interpreter):
+class _Runner(torch.fx.Interpreter):
+    """Runs the graph node by node; an op with a side effect (``with_effects``, its token
+    threaded through) is called as itself."""
+
+    def call_function(self, target, args, kwargs):
+        if target is _WITH_EFFECTS:
+            token, op, *rest = args
+            out = op(*rest, **kwargs)
+            return (
+                (token,) if out is None else (token, *out) if type(out) is tuple else (token, out)
+            )
+        return super().call_function(target, args, kwargs)
+
+
+class _Tracer(_Runner):
     """Runs the graph on placeholder lazy tensors; names the node an op fails at. The graph
     was traced on CPU tensors, so the CPU device it names (``_to_copy(..., device=cpu)``,
     factories' ``device=``) is the device its program runs on: the lazy device here."""
@@ -156,15 +229,6 @@ class _Tracer(torch.fx.Interpreter):
         if _is_cpu(kwargs.get("device")):
             kwargs = {**kwargs, "device": _convert.DEVICE}
         return args, kwargs
-
-    def call_function(self, target, args, kwargs):
-        if target is _WITH_EFFECTS:  # (an op with a side effect, its token threaded through)
-            token, op, *rest = args
-            out = op(*rest, **kwargs)
-            return (
-                (token,) if out is None else (token, *out) if type(out) is tuple else (token, out)
-            )
-        return super().call_function(target, args, kwargs)
 
     def run_node(self, n):
         try:
@@ -227,6 +291,7 @@ class _Partitioned:
         self.run = None
 
     def __call__(self, *args):
+        _trace.note_host_reads(args)  # (for a compile_step tracing around the call)
         if self.run is None:
             self._plan(_probe(self.gm, args))
         while True:
@@ -484,6 +549,10 @@ def _to_torch(a) -> torch.Tensor:
     except Exception:  # (a dtype DLPack does not carry)
         return torch.from_numpy(np.asarray(a))
 
+
+# Dynamo takes lazy tensors in as tensors of the lazy device when it captures for this backend
+# (from the first lookup of the backend, which imports this module).
+_capture.install(_ours)
 
 # The backend by its public name (``ir_runtime.dynamo_backend``): ``torch.compile(m,
 # backend=ir_runtime.dynamo_backend)``, or ``torch._dynamo.register_backend`` under a name.

@@ -101,6 +101,12 @@ class LazyTensor(torch.Tensor):
     def __reduce_ex__(self, protocol):
         return self.detach().cpu().__reduce_ex__(protocol)
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        """AOTAutograd's check of a gradient flowing into a compiled backward: a lazy tensor
+        is the plain tensor its graph was traced with (``torch.compile`` fakes one as a plain
+        tensor on the lazy device), so it stands as it is; another subclass it is not."""
+        return self if expected_type in (None, torch.Tensor) else None
+
     def untyped_storage(self) -> LazyStorage:
         """What stands for a storage on the lazy device: no host memory, but an identity
         shared by a tensor and its views and aliases, which is what callers ask a storage for

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import warnings
 import weakref
 from collections import Counter
+from typing import ClassVar
 
 import torch
 import torch.nn.modules.module as _module
@@ -158,6 +160,17 @@ class _HostWrites(TorchDispatchMode):
     reading it afresh at a replay would not be enough: it is compared by value instead. Ops
     inside a scheduler's step, which a replay redoes, are not looked at (``_PAUSED``)."""
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Whether Dynamo may compile a frame under this mode (torch asks as it converts one):
+        for this project's backend only. Its graphs run through the front end's dispatch, or
+        note the host tensors they read (``_backend``), so the mode still sees each op at run
+        time; another backend's kernels would hide a host write from it, so Dynamo runs
+        those frames as written."""
+        from ir_runtime._frontend.dynamo import _backend, _capture
+
+        return _capture.for_this_backend(_backend._ours)
+
     def __init__(self):
         super().__init__()
         # id of the tensor written (a view's base) -> (weak reference, the view or None)
@@ -184,6 +197,58 @@ class _HostWrites(TorchDispatchMode):
                         view = None if base is t else (t.shape, t.dtype)
                         self.written[id(base)] = (_ref(base), view)
         return func(*args, **kwargs)
+
+
+# What torch warns when a torch.compile'd module is called with a global module hook present.
+_GLOBAL_HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+
+
+class _ModuleHook:
+    """``fn`` called before each module's forward while a call is traced, through one global
+    forward pre-hook registered once and put back under the same key each time: Dynamo
+    guards a compiled module's code on the global hooks it sees, so one hook of one identity
+    keeps its graphs valid from one traced call to the next. Dynamo does not trace ``fn``
+    (the module calls inside its graph run no hooks at run time)."""
+
+    handle = None
+    seeing: ClassVar[list] = []  # the ``fn`` of each traced call in progress, innermost last
+
+    def __init__(self, fn):
+        cls = type(self)
+        if cls.handle is None:
+            cls.handle = _module.register_module_forward_pre_hook(_saw_module)
+        _module._global_forward_pre_hooks[cls.handle.id] = _saw_module
+        cls.seeing.append(fn)
+        self.fn = fn
+
+    def remove(self) -> None:
+        seeing = type(self).seeing
+        seeing.remove(self.fn)
+        if not seeing:
+            _module._global_forward_pre_hooks.pop(type(self).handle.id, None)
+
+
+def _saw_module(m, args):
+    if torch.compiler.is_compiling():  # (Dynamo tracing a module call: nothing to note)
+        return
+    seeing = _ModuleHook.seeing
+    if seeing:
+        seeing[-1](m, args)
+
+
+def note_host_reads(tensors) -> None:
+    """Host tensors a compiled program read without dispatching an op on them (a
+    ``torch.compile`` graph this project's backend ran on CPU tensors), noted as a CPU op's
+    reads are by the ``_HostWrites`` watching the step being traced, if any."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    if _PAUSED[0]:
+        return
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, _HostWrites):
+            for t in tensors:
+                if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor):
+                    mode.read.add(id(t if t._base is None else t._base))
 
 
 # Optimizers whose step read a lent host tensor hyperparameter into Python (``_call``; a number
@@ -554,11 +619,15 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
             modules[id(m)] = _ref(m)  # weakly: a module made and dropped by the call dies
             if effects is not None:
                 effects.note(m)
+            inner = getattr(m, "_orig_mod", None)  # (torch.compile's module: its graph calls
+            if isinstance(inner, torch.nn.Module):  # its submodules without hooks)
+                for sub in inner.modules():
+                    saw_module(sub, args)
 
     hooks = [
         _optimizer.register_optimizer_step_pre_hook(saw_optimizer),
         _optimizer.register_optimizer_step_post_hook(stepped_optimizer),
-        _module.register_module_forward_pre_hook(saw_module),
+        _ModuleHook(saw_module),
     ]
     global _STEPPED
     outer, _STEPPED = _STEPPED, []
@@ -566,7 +635,9 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
         mode = contextlib.nullcontext() if effects is None else effects.mode
         with _step.watch() as seen, _tensor.host_reads() as host_reads, mode:
             args, kwargs = unflatten(structure, lazy)
-            out = fn(*args, **kwargs)
+            with warnings.catch_warnings():  # (torch's about the hook above: harmless)
+                warnings.filterwarnings("ignore", message=_GLOBAL_HOOKS_WARNING)
+                out = fn(*args, **kwargs)
     finally:
         for h in hooks:
             h.remove()
