@@ -44,10 +44,6 @@ CATEGORIES = {
         "op is traced (here when a program first reads it), a CPU fallback for torch.polar "
         "(the engine lowers it), a '{replicated}' spec on results nobody annotated"
     ),
-    "AOTAutograd over the engine's tensor": (
-        "aot_function traces the engine's tensor subclass and asks it for "
-        "__coerce_same_metadata_as_tangent__; torch_xla's tensors are not subclasses"
-    ),
     "TPU topology": "HybridMesh from mocked TPU v4 device coordinates (TPU only)",
     "needs its environment": (
         "runs only with XLA_SAVE_TENSORS_FILE set, as torch_xla's CI runs it (nox runs it so)"
@@ -103,7 +99,6 @@ KNOWN_FAILURES = {
     ),
     _X + "test_fallback": "virtual device bookkeeping",
     _X + "test_propagate_replicated_sharding": "virtual device bookkeeping",
-    _X + "test_mark_sharding_aot_compile": "AOTAutograd over the engine's tensor",
     _X + "test_hybrid_mesh": "TPU topology",
 }
 if not os.environ.get("XLA_SAVE_TENSORS_FILE"):

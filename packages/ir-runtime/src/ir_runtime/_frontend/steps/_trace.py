@@ -211,7 +211,7 @@ class _ModuleHook:
     (the module calls inside its graph run no hooks at run time)."""
 
     handle = None
-    seeing: ClassVar[list] = []  # the ``fn`` of each traced call in progress, innermost last
+    seeing: ClassVar[list] = []  # the ``fn`` of each traced call in progress
 
     def __init__(self, fn):
         cls = type(self)
@@ -231,9 +231,8 @@ class _ModuleHook:
 def _saw_module(m, args):
     if torch.compiler.is_compiling():  # (Dynamo tracing a module call: nothing to note)
         return
-    seeing = _ModuleHook.seeing
-    if seeing:
-        seeing[-1](m, args)
+    for fn in tuple(_ModuleHook.seeing):  # (each traced call in progress, as each had its hook)
+        fn(m, args)
 
 
 def note_host_reads(tensors) -> None:
