@@ -480,3 +480,62 @@ def test_another_backend_on_lazy_inputs_runs_the_frames_as_written_and_host_writ
         for _ in range(3):
             step(irt.to_lazy(torch.ones(2)))
         assert count.item() == 3 and not step.replaying, backend  # traced on every call
+
+
+@pytest.mark.parametrize("how", ["module", "function", "Module.compile", "forward"])
+def test_a_step_guards_the_modules_a_compiled_region_reads(how):
+    """However the region is compiled, a compile_step around it sees a module inside it
+    switch to eval() (the graph calls no module hooks: the capture notes what it read)."""
+    eager = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Dropout(0.5))
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    kw = {"backend": "ir_runtime", "fullgraph": True}
+    if how == "module":
+        region = torch.compile(lazy, **kw)
+    elif how == "function":
+        region = torch.compile(lambda x: lazy(x), **kw)
+    elif how == "Module.compile":
+        lazy.compile(**kw)
+        region = lazy
+    else:
+        lazy.forward = torch.compile(lazy.forward, **kw)
+        region = lazy
+    step = irt.compile_step(lambda x: region(x).sum())
+    x = data(3, (4, 16))
+    for _ in range(4):
+        step(irt.to_lazy(x))
+    assert step.replaying
+    lazy[1].eval()
+    eager[1].eval()
+    got = irt.to_torch(step(irt.to_lazy(x))).item()
+    np.testing.assert_allclose(got, eager(x).sum().item(), rtol=1e-5)
+
+
+def test_lazy_inputs_that_share_data_written_in_the_graph_read_as_eager():
+    """A tensor and its view (or detach()) are one memory to the front end, not to torch:
+    a graph that writes one and reads the other runs as written on them."""
+
+    def f(x, v):
+        x.add_(1)
+        return v * 2
+
+    def g(x, v):
+        v.mul_(10)
+        return x.sum(0)
+
+    for fn in (f, g):
+        torch._dynamo.reset()
+        base = data(4, (3, 3))
+        want_x = base.clone()
+        want = fn(want_x, want_x[1])
+        x = irt.to_lazy(base)
+        got = torch.compile(fn, backend="ir_runtime", fullgraph=True)(x, x[1])
+        np.testing.assert_allclose(irt.to_torch(got), want, rtol=1e-6)
+        np.testing.assert_allclose(irt.to_torch(x), want_x, rtol=1e-6)
+    assert counters()["DynamoLazyAliasedCalls"] == 2
+
+
+def test_a_host_tensor_in_a_lazy_op_is_taken_as_lazy_mode_takes_it():
+    mask = torch.tensor([1.0, 0.0, 2.0])
+    x = irt.to_lazy(data(5, (2, 3)))
+    got = torch.compile(lambda t: t * mask + 1, backend="ir_runtime", fullgraph=True)(x)
+    np.testing.assert_allclose(irt.to_torch(got), data(5, (2, 3)) * mask + 1, rtol=1e-6)

@@ -122,7 +122,10 @@ def __getattr__(name: str):
     from ir_runtime._frontend._install import install
 
     install()
-    value = getattr(importlib.import_module(f"ir_runtime._frontend.{where}"), name)
+    module = importlib.import_module(f"ir_runtime._frontend.{where}")
+    value = getattr(module, name)
+    if name == "dynamo_backend":  # (about to be given to torch.compile: Dynamo's hooks)
+        module.install_capture()
     globals()[name] = value  # found once
     return value
 

@@ -61,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import sys
 import threading
 
 import jax
@@ -79,7 +80,7 @@ from ir_runtime._execute import place
 from ir_runtime._frontend.dynamo import _capture
 from ir_runtime._frontend.recording import _convert, _rng
 from ir_runtime._frontend.recording._convert import host_numpy, ir_dtype
-from ir_runtime._frontend.recording._tensor import LazyTensor, wrap
+from ir_runtime._frontend.recording._tensor import LazyTensor, base_of, wrap
 from ir_runtime._frontend.steps import _step, _trace
 from ir_sharding import ShardingError
 
@@ -130,6 +131,7 @@ def backend(gm, example_inputs, mode=None, options=None):
     from ir_runtime._frontend._install import install
 
     install()
+    install_capture()
     settings = _settings(mode, options)
     if _fullgraph():
         settings["partition"] = False
@@ -139,7 +141,92 @@ def backend(gm, example_inputs, mode=None, options=None):
         run = _OnLazy(graph) if _on_lazy(graph) else _Partitioned(graph, settings)
         return make_boxed_func(run)  # (AOTAutograd's convention)
 
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)
+    compiled = aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)
+    return _Captured(gm, compiled, example_inputs)
+
+
+class _Captured:
+    """What Dynamo calls for one graph it captured for this backend: AOTAutograd's compiled
+    function, with what that function cannot see.
+
+    - A ``compile_step`` tracing the call guards the modules Dynamo read while capturing
+      (their mode, parameters, submodules): the graph runs no module hooks, so the step's
+      own hook sees none of them called.
+    - On lazy tensors that share data (a tensor and its view or ``detach()``, which torch
+      does not see as views of each other: the front end tracks them), a graph that writes
+      an input would read each input as it was before the other's write: Dynamo's own graph
+      runs on them instead, as lazy mode runs the model's code (``DynamoLazyAliasedCalls``).
+    """
+
+    def __init__(self, gm, compiled, example_inputs):
+        self.gm, self.compiled = gm, compiled
+        lazy = _convert.DEVICE.type
+        self.lazy = any(
+            isinstance(i, torch.Tensor) and i.device.type == lazy for i in example_inputs
+        )
+        self.writes = self.lazy and _writes(gm)
+        self.modules = _capture.modules_read(_current_output())
+
+    def __call__(self, *args):
+        watchers = _trace.module_watchers()
+        if watchers:
+            for ref in self.modules:
+                m = ref()
+                if m is not None:
+                    for fn in watchers:
+                        fn(m, ())
+        if self.writes and _shared(args):
+            _metrics.count("DynamoLazyAliasedCalls")
+            return self.gm.forward(*args)  # (not a module call: no hooks see it)
+        return self.compiled(*args)
+
+
+def _current_output():
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    try:
+        return InstructionTranslator.current_tx().output
+    except Exception:  # (not inside a capture: a direct call)
+        return None
+
+
+def _writes(gm) -> bool:
+    """Whether Dynamo's graph may write a tensor in place (an in-place method or op, an
+    ``out=``, an item assignment): conservatively, by name and schema."""
+    for n in gm.graph.nodes:
+        if n.op not in ("call_function", "call_method"):
+            continue
+        t = n.target
+        name = t if isinstance(t, str) else getattr(t, "__name__", "")
+        if name.endswith("_") and not name.endswith("__"):
+            return True
+        if t is operator.setitem or "out" in n.kwargs:
+            return True
+        schema = getattr(t, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return True
+    return False
+
+
+def _shared(args) -> bool:
+    """Whether two of the lazy tensors in ``args`` share data (the same root of views and
+    aliases)."""
+    roots, count = set(), 0
+    for a in args:
+        if isinstance(a, LazyTensor):
+            count += 1
+            while a._view is not None:
+                base = base_of(a._view[0])
+                if base is None:
+                    break
+                a = base
+            roots.add(id(a))
+    return len(roots) < count
+
+
+def install_capture() -> None:
+    """Dynamo's hooks for lazy inputs (``_capture``), imported with Dynamo itself."""
+    _capture.install(_ours)
 
 
 def _on_lazy(gm) -> bool:
@@ -551,8 +638,19 @@ def _to_torch(a) -> torch.Tensor:
 
 
 # Dynamo takes lazy tensors in as tensors of the lazy device when it captures for this backend
-# (from the first lookup of the backend, which imports this module).
-_capture.install(_ours)
+# (``_capture``): the hooks are installed when torch's entry point loads the backend
+# (``entry_point``), when ``ir_runtime.dynamo_backend`` is first read, or at this import if
+# Dynamo is imported already. Importing this module alone imports no Dynamo.
+if "torch._dynamo" in sys.modules:
+    install_capture()
+
+
+def __getattr__(name):
+    if name == "entry_point":  # (what torch's torch_dynamo_backends entry point loads)
+        install_capture()
+        return backend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # The backend by its public name (``ir_runtime.dynamo_backend``): ``torch.compile(m,
 # backend=ir_runtime.dynamo_backend)``, or ``torch._dynamo.register_backend`` under a name.

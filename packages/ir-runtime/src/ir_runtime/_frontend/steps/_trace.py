@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import sys
 import warnings
 import weakref
 from collections import Counter
@@ -211,12 +212,22 @@ class _ModuleHook:
     (the module calls inside its graph run no hooks at run time)."""
 
     handle = None
+    skipped = False  # (whether Dynamo was told to run _saw_module as written)
     seeing: ClassVar[list] = []  # the ``fn`` of each traced call in progress
 
     def __init__(self, fn):
         cls = type(self)
         if cls.handle is None:
             cls.handle = _module.register_module_forward_pre_hook(_saw_module)
+        if not cls.skipped and "torch._dynamo" in sys.modules:
+            # Traced into a graph that inlines a module call (where it does nothing: the
+            # capture notes the modules it read), never compiled as a frame of its own:
+            # Dynamo runs it as written where it meets it outside a graph (a module call it
+            # does not trace, such as Module.compile()'s _call_impl), so it notes the module.
+            from torch._dynamo.eval_frame import skip_code
+
+            skip_code(_saw_module.__code__)
+            cls.skipped = True
         _module._global_forward_pre_hooks[cls.handle.id] = _saw_module
         cls.seeing.append(fn)
         self.fn = fn
@@ -226,6 +237,12 @@ class _ModuleHook:
         seeing.remove(self.fn)
         if not seeing:
             _module._global_forward_pre_hooks.pop(type(self).handle.id, None)
+
+
+def module_watchers() -> tuple:
+    """What each traced call in progress calls for a module it meets: what a graph that runs
+    no module hooks (a ``torch.compile`` capture) calls for the modules it read."""
+    return tuple(_ModuleHook.seeing)
 
 
 def _saw_module(m, args):
