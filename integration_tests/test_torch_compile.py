@@ -134,3 +134,64 @@ def test_a_lazy_llama_placed_by_its_tp_plan_under_torch_compile_trains_as_eager(
         np.testing.assert_allclose(irt.to_torch(loss).item(), want.item(), rtol=1e-4)
     c = irt.metrics()["counters"]
     assert c["DynamoLazyCalls"] > 0 and c["CompileCount"] <= 3  # (steps 1 and 2 differ)
+
+
+# Each model's blocks, which fully_shard places (the embeddings and heads stay whole: BERT's
+# 2 token types and 3 labels do not split over 4).
+BLOCKS = {
+    "llama": ["model.layers"],
+    "gpt2": ["transformer.h"],
+    "bert": ["bert.encoder.layer"],
+    "t5": ["encoder.block", "decoder.block"],
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_lazy_hugging_face_model_placed_on_the_4x2_mesh_trains_and_infers_as_eager(name):
+    """The four models on lazy tensors, their blocks' parameters placed by FSDP2's fully_shard
+    over the mesh's "dp" dim and the batch by distribute_tensor: Dynamo captures them on the lazy
+    tensors, each step runs SPMD at mark_step (forward and backward one program there) with
+    eager's losses; then inference."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch._dynamo.reset()
+    mesh = irt.device_mesh((4, 2), ("dp", "tp"))
+    eager = MODELS[name]().train()
+    lazy = irt.to_lazy(copy.deepcopy(eager))
+    for path in BLOCKS[name]:
+        for block in lazy.get_submodule(path):
+            fully_shard(block, mesh=mesh["dp"])
+    placed = [p for p in lazy.parameters() if p.placements == (Shard(0),)]
+    assert len(placed) > len(list(lazy.parameters())) // 2
+    compiled = torch.compile(lazy, backend="ir_runtime")
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-3)
+    opt_l = torch.optim.AdamW(lazy.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(2)
+    irt.reset_metrics()
+
+    def batch(t):
+        return distribute_tensor(t, mesh, [Shard(0), Replicate()])
+
+    for _ in range(5):
+        ids, labels = torch.randint(1, 96, (4, 8), generator=g), torch.randint(0, 3, (4,))
+        want = hf_models.loss_of(eager, ids, labels)
+        want.backward()
+        opt_e.step()
+        opt_e.zero_grad()
+        got = _loss(compiled, batch(ids), batch(labels))
+        got.backward()
+        opt_l.step()
+        opt_l.zero_grad()
+        irt.mark_step()
+        np.testing.assert_allclose(irt.to_torch(got).item(), want.item(), rtol=1e-4)
+    assert irt.metrics()["counters"]["DynamoLazyCalls"] >= 10  # (forward and backward, 5x)
+    eager.eval(), lazy.eval()
+    ids = torch.randint(1, 96, (4, 8), generator=g)
+    kw = {"input_ids": ids}
+    if name == "t5":
+        kw["decoder_input_ids"] = ids
+    with torch.no_grad():
+        got = compiled(**{k: batch(v) for k, v in kw.items()}).logits
+        np.testing.assert_allclose(
+            irt.to_torch(got).numpy(), eager(**kw).logits.numpy(), rtol=1e-4, atol=1e-5
+        )
