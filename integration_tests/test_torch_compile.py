@@ -1,7 +1,8 @@
-"""Hugging Face models under torch.compile(backend="ir_runtime") on plain CPU tensors, against
-the same models in torch eager: Llama, GPT-2, BERT and T5 built from small configs (dropout
-off, so eager is an exact oracle), 5 AdamW steps (eager's losses at rtol 1e-4, every parameter
-after them), then inference; and each compiles its programs once."""
+"""Hugging Face models under torch.compile(backend="ir_runtime"), against the same models in
+torch eager: Llama, GPT-2, BERT and T5 built from small configs (dropout off, so eager is an
+exact oracle), 5 AdamW steps (eager's losses at rtol 1e-4), then inference. On plain CPU
+tensors (every parameter after the steps; each compiles its programs once), and on lazy
+tensors placed on the 4x2 mesh (fully_shard, a tp_plan, a sharded batch under compile_step)."""
 
 import copy
 
