@@ -630,15 +630,17 @@ def _call(fn, structure, lazy: list, plan: Replay, effects: _Effects | None):
         lending.give_back()
 
     def saw_module(m, args):
-        ref = modules.get(id(m))
-        if ref is None or ref() is not m:  # (a dead module's id can be reused)
-            modules[id(m)] = _ref(m)  # weakly: a module made and dropped by the call dies
-            if effects is not None:
-                effects.note(m)
-            inner = getattr(m, "_orig_mod", None)  # (torch.compile's module: its graph calls
-            if isinstance(inner, torch.nn.Module):  # its submodules without hooks)
-                for sub in inner.modules():
-                    saw_module(sub, args)
+        # (torch.compile's module: its graph calls its submodules without hooks. No call of
+        # saw_module from itself: a closure referring to itself would keep this call's
+        # state alive until a garbage collection, and with it what it refers to.)
+        dynamo = sys.modules.get("torch._dynamo.eval_frame")
+        compiled = dynamo is not None and isinstance(m, dynamo.OptimizedModule)
+        for sub in (m, *m._orig_mod.modules()) if compiled else (m,):
+            ref = modules.get(id(sub))
+            if ref is None or ref() is not sub:  # (a dead module's id can be reused)
+                modules[id(sub)] = _ref(sub)  # weakly: a module made and dropped by the call dies
+                if effects is not None:
+                    effects.note(sub)
 
     hooks = [
         _optimizer.register_optimizer_step_pre_hook(saw_optimizer),
