@@ -30,6 +30,15 @@ def _loss(compiled, ids, labels):
     return compiled(input_ids=ids, labels=ids).loss
 
 
+def _eager_step(model, opt, ids, labels):
+    """One AdamW step of the eager oracle; its loss."""
+    loss = hf_models.loss_of(model, ids, labels)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_a_hugging_face_model_trains_and_infers_as_eager(name):
     torch._dynamo.reset()
@@ -42,10 +51,7 @@ def test_a_hugging_face_model_trains_and_infers_as_eager(name):
     irt.reset_metrics()
     for k in range(5):
         ids, labels = torch.randint(1, 96, (4, 8), generator=g), torch.randint(0, 3, (4,))
-        want = hf_models.loss_of(eager, ids, labels)
-        want.backward()
-        opt_e.step()
-        opt_e.zero_grad()
+        want = _eager_step(eager, opt_e, ids, labels)
         got = _loss(compiled, ids, labels)
         got.backward()
         opt_c.step()
@@ -94,10 +100,7 @@ def test_a_lazy_llama_sharded_4x2_under_torch_compile_trains_as_eager():
     irt.reset_metrics()
     for _ in range(5):
         ids = torch.randint(1, 96, (4, 8), generator=g)
-        want = eager(input_ids=ids, labels=ids).loss
-        want.backward()
-        opt_e.step()
-        opt_e.zero_grad()
+        want = _eager_step(eager, opt_e, ids, None)
         got = irt.to_torch(step(irt.to_lazy(ids)))
         np.testing.assert_allclose(got.item(), want.item(), rtol=1e-4)
     c = irt.metrics()["counters"]
@@ -122,10 +125,7 @@ def test_a_lazy_llama_placed_by_its_tp_plan_under_torch_compile_trains_as_eager(
     irt.reset_metrics()
     for _ in range(5):
         ids = torch.randint(1, 96, (4, 8), generator=g)
-        want = eager(input_ids=ids, labels=ids).loss
-        want.backward()
-        opt_e.step()
-        opt_e.zero_grad()
+        want = _eager_step(eager, opt_e, ids, None)
         batch = distribute_tensor(ids, mesh, [Shard(0), Replicate()])
         loss = compiled(input_ids=batch, labels=batch).loss
         loss.backward()
@@ -175,10 +175,7 @@ def test_a_lazy_hugging_face_model_placed_on_the_4x2_mesh_trains_and_infers_as_e
 
     for _ in range(5):
         ids, labels = torch.randint(1, 96, (4, 8), generator=g), torch.randint(0, 3, (4,))
-        want = hf_models.loss_of(eager, ids, labels)
-        want.backward()
-        opt_e.step()
-        opt_e.zero_grad()
+        want = _eager_step(eager, opt_e, ids, labels)
         got = _loss(compiled, batch(ids), batch(labels))
         got.backward()
         opt_l.step()

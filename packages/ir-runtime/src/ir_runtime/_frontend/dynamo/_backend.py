@@ -111,16 +111,14 @@ def _settings(mode, options) -> dict:
     return settings
 
 
-def _fullgraph() -> bool:
-    """Whether Dynamo is capturing under ``fullgraph=True`` (the translator making this
-    graph says so)."""
+def _current_tx():
+    """Dynamo's translator making the graph handed over, or None (a direct call)."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
-        tx = InstructionTranslator.current_tx()
-    except Exception:  # (not inside a capture: a direct call)
-        return False
-    return bool(getattr(tx, "one_graph", False))
+        return InstructionTranslator.current_tx()
+    except Exception:  # (not inside a capture)
+        return None
 
 
 def backend(gm, example_inputs, mode=None, options=None):
@@ -133,7 +131,8 @@ def backend(gm, example_inputs, mode=None, options=None):
     install()
     install_capture()
     settings = _settings(mode, options)
-    if _fullgraph():
+    tx = _current_tx()
+    if getattr(tx, "one_graph", False):  # (under fullgraph=True)
         settings["partition"] = False
     _metrics.count("DynamoGraphs")
 
@@ -142,7 +141,7 @@ def backend(gm, example_inputs, mode=None, options=None):
         return make_boxed_func(run)  # (AOTAutograd's convention)
 
     compiled = aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)
-    return _Captured(gm, compiled, example_inputs)
+    return _Captured(gm, compiled, example_inputs, None if tx is None else tx.output)
 
 
 class _Captured:
@@ -158,14 +157,10 @@ class _Captured:
       runs on them instead, as lazy mode runs the model's code (``DynamoLazyAliasedCalls``).
     """
 
-    def __init__(self, gm, compiled, example_inputs):
+    def __init__(self, gm, compiled, example_inputs, output):
         self.gm, self.compiled = gm, compiled
-        lazy = _convert.DEVICE.type
-        self.lazy = any(
-            isinstance(i, torch.Tensor) and i.device.type == lazy for i in example_inputs
-        )
-        self.writes = self.lazy and _writes(gm)
-        self.modules = _capture.modules_read(_current_output())
+        self.writes = any(map(_capture.on_lazy_device, example_inputs)) and _writes(gm)
+        self.modules = _capture.modules_read(output)
 
     def __call__(self, *args):
         watchers = _trace.module_watchers()
@@ -179,15 +174,6 @@ class _Captured:
             _metrics.count("DynamoLazyAliasedCalls")
             return self.gm.forward(*args)  # (not a module call: no hooks see it)
         return self.compiled(*args)
-
-
-def _current_output():
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    try:
-        return InstructionTranslator.current_tx().output
-    except Exception:  # (not inside a capture: a direct call)
-        return None
 
 
 def _writes(gm) -> bool:
@@ -232,12 +218,11 @@ def install_capture() -> None:
 def _on_lazy(gm) -> bool:
     """Whether an ATen graph computes on the lazy device: a value of it (an input, or a tensor
     it makes, such as positions from ``arange(..., device=ids.device)``) is a lazy tensor."""
-    lazy = _convert.DEVICE.type
-    for n in gm.graph.nodes:
-        for v in tree_flatten(n.meta.get("val"))[0]:
-            if isinstance(v, torch.Tensor) and v.device.type == lazy:
-                return True
-    return False
+    return any(
+        _capture.on_lazy_device(v)
+        for n in gm.graph.nodes
+        for v in tree_flatten(n.meta.get("val"))[0]
+    )
 
 
 def _ours(fn) -> bool:

@@ -100,7 +100,7 @@ def install(is_ours) -> None:
         try:
             return common(func, flat_args)
         except RuntimeError:
-            lazy = [a.device for a in flat_args if _on_lazy_device(a)]
+            lazy = [a.device for a in flat_args if on_lazy_device(a)]
             devices = {a.device.type for a in flat_args if isinstance(a, torch.Tensor)}
             if lazy and devices <= {lazy[0].type, "cpu"}:
                 return lazy[0], False  # (host tensors in a lazy op, as the front end takes them)
@@ -124,7 +124,8 @@ def modules_read(output) -> list:
     return [] if output is None else list(output.__dict__.get(_MODULES, {}).values())
 
 
-def _on_lazy_device(t) -> bool:
+def on_lazy_device(t) -> bool:
+    """Whether ``t`` is a tensor (a fake one too) on the lazy device."""
     from ir_runtime._frontend.recording import _convert
 
     return isinstance(t, torch.Tensor) and t.device.type == _convert.DEVICE.type
