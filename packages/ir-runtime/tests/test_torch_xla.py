@@ -387,6 +387,12 @@ def test_manual_regions_compute_as_eager_with_collectives_and_gradients():
             raise AssertionError("read an open region")
         except ShardingError as e:
             assert "inside a manual region" in str(e), e
+        # while it is open, a step reads an op of two outputs, one of them annotated
+        t = torch.randn(8, 8)
+        v, i = torch.max(t.to("xla"), 1)
+        xs.mark_sharding(v, mesh, ("x",))
+        torch.testing.assert_close(i.cpu(), torch.max(t, 1).indices)
+        torch.testing.assert_close(v.cpu(), torch.max(t, 1).values)
         o = xs.disable_manual_sharding(n * 2, ("x", "y"), (8, 16)).global_tensor
         torch.testing.assert_close(o.cpu(), (a + 1) * 2)
         # refusals, each naming the rule

@@ -57,10 +57,10 @@ def _manual(node, index=None) -> bool:
     s = node.sharding
     if s is None:
         return False
-    if index is not None:
-        s = spec_at(s, index)
-        return s is not None and s.kind is ShardingKind.MANUAL
-    return any(spec_at(s, k).kind is ShardingKind.MANUAL for k in range(len(node.shapes)))
+    if index is None:
+        return any(_manual(node, k) for k in range(len(node.shapes)))
+    s = spec_at(s, index)  # a tuple annotation may leave an output unannotated (None)
+    return s is not None and s.kind is ShardingKind.MANUAL
 
 
 def _inside(roots) -> set:
