@@ -22,6 +22,9 @@ way's losses are checked against eager's (rtol 1e-4): a fast wrong step is not a
     python packages/ir-runtime/bench/bench_cpu_llama.py [--rounds 3] [--json PATH]
 
 ``--xla-flags`` passes XLA_FLAGS to the XLA ways (to try a CPU option on all of them alike).
+``--sync-every N`` waits for every Nth step only (a loop that logs its loss every N steps), so
+the time between steps on the host can overlap the device's work; the default waits for each.
+On a machine with an accelerator the XLA ways run there and eager on its CPU.
 """
 
 import argparse
@@ -65,7 +68,7 @@ def batches(n: int) -> list:
     return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(n)]
 
 
-def _torch_way(way: str, steps: int, warmup: int) -> dict:
+def _torch_way(way: str, steps: int, warmup: int, sync_every: int = 1) -> dict:
     import torch
 
     import ir_runtime as irt
@@ -91,25 +94,30 @@ def _torch_way(way: str, steps: int, warmup: int) -> dict:
 
     run = irt.compile_step(step) if way == "compile_step" else step
     data = [irt.to_lazy(b) for b in batches(steps)] if lazy else batches(steps)
-    losses, times = [], []
+    losses = []
     for k, ids in enumerate(data):
-        start = time.perf_counter()
+        if k == warmup:
+            start = time.perf_counter()
         loss = run(ids)
         if way == "mark_step":
             irt.mark_step()
-        losses.append(loss.item())  # (waits for the step)
-        if k >= warmup:
-            times.append(time.perf_counter() - start)
-    return {"losses": losses, "step_seconds": sum(times) / len(times)}
+        losses.append(loss)
+        if (k + 1) % sync_every == 0 or k + 1 == len(data):
+            losses[-1] = losses[-1].item()  # (waits for the step)
+    seconds = (time.perf_counter() - start) / (len(data) - warmup)
+    return {"losses": [float(x) for x in losses], "step_seconds": seconds}
 
 
-def _jax_way(steps: int, warmup: int) -> dict:
+def _jax_way(steps: int, warmup: int, sync_every: int = 1) -> dict:
     import functools
 
     import jax
     import jax.numpy as jnp
 
     jax.config.update("jax_num_cpu_devices", 1)
+    # float32 products as the lazy device's rules ask for them (XLA's CPU ignores it; a TPU's
+    # default would be one bfloat16 pass)
+    jax.config.update("jax_default_matmul_precision", "highest")
     net = model()
     params = {k: jnp.asarray(v.detach().numpy()) for k, v in net.state_dict().items()}
     config = net.config
@@ -174,24 +182,37 @@ def _jax_way(steps: int, warmup: int) -> dict:
     m = jax.tree.map(jnp.zeros_like, params)
     v = jax.tree.map(jnp.zeros_like, params)
     t = jnp.zeros((), jnp.float32)
-    losses, times = [], []
-    for k, ids in enumerate(batches(steps)):
-        ids = jnp.asarray(ids.numpy())
-        start = time.perf_counter()
+    losses = []
+    data = [jnp.asarray(ids.numpy()) for ids in batches(steps)]
+    for k, ids in enumerate(data):
+        if k == warmup:
+            start = time.perf_counter()
         loss, params, m, v, t = step(params, m, v, t, ids)
-        losses.append(float(loss))  # (waits for the step)
-        if k >= warmup:
-            times.append(time.perf_counter() - start)
-    return {"losses": losses, "step_seconds": sum(times) / len(times)}
+        losses.append(loss)
+        if (k + 1) % sync_every == 0 or k + 1 == len(data):
+            losses[-1] = float(losses[-1])  # (waits for the step)
+    seconds = (time.perf_counter() - start) / (len(data) - warmup)
+    return {"losses": [float(x) for x in losses], "step_seconds": seconds}
 
 
-def _child(way: str, steps: int, warmup: int, xla_flags: str) -> dict:
+def _child(way: str, steps: int, warmup: int, xla_flags: str, sync_every: int) -> dict:
     env = dict(os.environ)
     env.pop("IR_RUNTIME_CPU_DEVICES", None)
     if xla_flags and way != "eager" and way != "inductor":
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
     done = subprocess.run(
-        [sys.executable, __file__, "--way", way, "--steps", str(steps), "--warmup", str(warmup)],
+        [
+            sys.executable,
+            __file__,
+            "--way",
+            way,
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+            "--sync-every",
+            str(sync_every),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -210,13 +231,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--ways", default=",".join(WAYS))
     parser.add_argument("--xla-flags", default="")
+    parser.add_argument("--sync-every", type=int, default=1)
     parser.add_argument("--way", choices=WAYS)  # (a child process)
     args = parser.parse_args()
     if args.way:
         if args.way == "jax.jit":
-            out = _jax_way(args.steps, args.warmup)
+            out = _jax_way(args.steps, args.warmup, args.sync_every)
         else:
-            out = _torch_way(args.way, args.steps, args.warmup)
+            out = _torch_way(args.way, args.steps, args.warmup, args.sync_every)
         print(json.dumps(out))
         return
     ways = args.ways.split(",")
@@ -224,7 +246,9 @@ def main():
         ways.insert(0, "eager")
     rounds = []
     for _ in range(args.rounds):
-        rounds.append({w: _child(w, args.steps, args.warmup, args.xla_flags) for w in ways})
+        rounds.append(
+            {w: _child(w, args.steps, args.warmup, args.xla_flags, args.sync_every) for w in ways}
+        )
     import torch
 
     want = torch.tensor(rounds[0]["eager"]["losses"])

@@ -253,6 +253,65 @@ def test_parameters_not_written_since_the_last_call_are_not_placed_again():
         assert counters()["DynamoInputsPlaced"] == 2  # the input and the written weight
 
 
+def test_what_the_forward_saves_stays_on_the_device_for_the_backward():
+    """The forward's saved activations reach the backward's program as the device arrays the
+    forward made: nothing saved is read to the host or placed again. A hook that packs them as
+    copies reads each one, and the gradients are still eager's."""
+    from ir_runtime._frontend.dynamo._resident import Resident
+
+    eager = mlp()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="ir_runtime", dynamic=False)
+    compiled(data(0)).square().mean().backward()  # (compiles both programs)
+    seen = []
+
+    def pack(t):
+        seen.append(type(t))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        compiled(data(1)).square().mean()
+    assert Resident in seen  # (the forward saved device arrays)
+    model.zero_grad()
+    x = data(1)
+    irt.reset_metrics()
+    compiled(x).square().mean().backward()
+    c = counters()
+    # the forward places x; the backward only its cotangent; nothing saved is read
+    assert c["DynamoInputsPlaced"] == 2, c
+    assert c.get("DynamoResidentReads", 0) == 0, c
+    eager(x).square().mean().backward()
+    for pe, pc in zip(eager.parameters(), model.parameters(), strict=True):
+        np.testing.assert_allclose(pc.grad.numpy(), pe.grad.numpy(), rtol=1e-4, atol=1e-6)
+    eager.zero_grad()
+    model.zero_grad()
+    with torch.autograd.graph.saved_tensors_hooks(torch.clone, lambda t: t):  # (reads each)
+        compiled(x).square().mean().backward()
+    assert counters()["DynamoResidentReads"] > 0
+    eager(x).square().mean().backward()
+    for pe, pc in zip(eager.parameters(), model.parameters(), strict=True):
+        np.testing.assert_allclose(pc.grad.numpy(), pe.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_a_resident_tensor_reads_as_its_values_and_a_write_makes_the_host_copy_the_value():
+    import jax.numpy as jnp
+
+    from ir_runtime._frontend.dynamo._resident import Resident, device_array
+
+    a = jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
+    r = Resident(a)
+    assert r.shape == (2, 3) and r.dtype == torch.float32 and r.device.type == "cpu"
+    assert device_array(r, a.sharding) is a
+    d = r.detach()  # (a view of the same array: still resident)
+    assert type(d) is Resident and device_array(d, a.sharding) is a
+    np.testing.assert_array_equal((r * 2).numpy(), np.arange(6).reshape(2, 3) * 2)
+    r.add_(1)  # (lands on the host copy, which is the value from now on)
+    assert device_array(r, a.sharding) is None
+    np.testing.assert_array_equal((r + 0).numpy(), np.arange(6).reshape(2, 3) + 1)
+    b = Resident(jnp.ones((2,), jnp.bfloat16))
+    assert b.dtype == torch.bfloat16 and (b + 0).tolist() == [1.0, 1.0]
+
+
 def test_outputs_that_alias_inputs_are_views_and_input_mutations_land():
     """AOTAutograd's contract: an output that is a view of an input is that view (it shares
     the input's memory, as eager's does), and an input written in place is written."""

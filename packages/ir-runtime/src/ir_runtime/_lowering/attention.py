@@ -47,6 +47,12 @@ BLOCK = 512  # keys per block of the online softmax
 _CUDNN_DTYPES = frozenset((np.dtype(np.float16), np.dtype(jnp.bfloat16)))
 
 
+def _einsum(spec, a, b):
+    """A product at the operands' own precision on every backend (XLA's default on a TPU
+    multiplies float32 in one bfloat16 pass)."""
+    return jnp.einsum(spec, a, b, precision=lax.Precision.HIGHEST)
+
+
 def wide_dtype(dtype) -> np.dtype:
     """The precision attention computes in for operands of ``dtype``."""
     return np.promote_types(np.dtype(dtype), np.float32)
@@ -135,7 +141,7 @@ def _hide(s, mask_block, causal, keys, queries, limit):
 
 
 def _logits(lay, k_block, mask_block, causal, keys, scale, wide):
-    s = jnp.einsum("bhgle,bhse->bhgls", lay.q.astype(wide), k_block.astype(wide))
+    s = _einsum("bhgle,bhse->bhgls", lay.q.astype(wide), k_block.astype(wide))
     limit = lay.S if lay.S > BLOCK and lay.S % BLOCK else None
     return _hide(s * scale, mask_block, causal, keys, jnp.arange(lay.L), limit)
 
@@ -168,7 +174,7 @@ def _forward(lay, causal, scale, wide):
         m = jnp.where(jnp.isfinite(m), m, 0)
         p = jnp.exp(s - m[..., None])
         total = jnp.sum(p, axis=-1)
-        acc = jnp.einsum("bhgls,bhsd->bhgld", p, lay.v.astype(wide))
+        acc = _einsum("bhgls,bhsd->bhgld", p, lay.v.astype(wide))
     else:
         mask_blocks, shared = _mask_blocks(lay)
         xs = (_blocks(lay, lay.k, 2), _blocks(lay, lay.v, 2), jnp.arange(-(-lay.S // BLOCK)))
@@ -186,9 +192,7 @@ def _forward(lay, causal, scale, wide):
             p = jnp.exp(s - m_safe[..., None])
             rescale = jnp.exp(m - m_safe)  # (0 while no key was visible: m is -inf)
             total = total * rescale + jnp.sum(p, axis=-1)
-            acc = acc * rescale[..., None] + jnp.einsum(
-                "bhgls,bhsd->bhgld", p, v_block.astype(wide)
-            )
+            acc = acc * rescale[..., None] + _einsum("bhgls,bhsd->bhgld", p, v_block.astype(wide))
             return (m_new, total, acc), None
 
         rows = (lay.B, lay.Hk, lay.G, lay.L)
@@ -221,13 +225,13 @@ def _backward(lay, grad, out, lse, causal, scale, wide):
             p = e / jnp.where(total > 0, total, 1)
         else:
             p = jnp.exp(s - lse[..., None])
-        dv = jnp.einsum("bhgls,bhgld->bhsd", p, do)
-        dp = jnp.einsum("bhgld,bhsd->bhgls", do, v_block)
+        dv = _einsum("bhgls,bhgld->bhsd", p, do)
+        dp = _einsum("bhgld,bhsd->bhgls", do, v_block)
         if delta is None:  # (one block: the unrounded sum(dO * O))
             delta = jnp.sum(p * dp, axis=-1)
         ds = p * (dp - delta[..., None]) * scale
-        dq = jnp.einsum("bhgls,bhse->bhgle", ds, k_block)
-        dk = jnp.einsum("bhgls,bhgle->bhse", ds, q)
+        dq = _einsum("bhgls,bhse->bhgle", ds, k_block)
+        dk = _einsum("bhgls,bhgle->bhse", ds, q)
         return dq, dk, dv
 
     if lay.S <= BLOCK:

@@ -78,8 +78,9 @@ from ir_runtime._cache import CACHE
 from ir_runtime._errors import RuntimeIRError, UnsupportedOpError
 from ir_runtime._execute import place
 from ir_runtime._frontend.dynamo import _capture
+from ir_runtime._frontend.dynamo._resident import device_array, host_array, to_torch
 from ir_runtime._frontend.recording import _convert, _rng
-from ir_runtime._frontend.recording._convert import host_numpy, ir_dtype
+from ir_runtime._frontend.recording._convert import ir_dtype
 from ir_runtime._frontend.recording._tensor import LazyTensor, base_of, wrap
 from ir_runtime._frontend.steps import _step, _trace
 from ir_sharding import ShardingError
@@ -111,6 +112,17 @@ def _settings(mode, options) -> dict:
     return settings
 
 
+def _saved_for_backward():
+    """The forward graph's outputs that AOTAutograd saves for the backward (a slice), or None
+    where its metadata does not say."""
+    try:
+        from torch._guards import TracingContext
+
+        return TracingContext.try_get().fw_metadata.tensors_saved_for_backwards_slice
+    except Exception:
+        return None
+
+
 def _current_tx():
     """Dynamo's translator making the graph handed over, or None (a direct call)."""
     try:
@@ -136,11 +148,16 @@ def backend(gm, example_inputs, mode=None, options=None):
         settings["partition"] = False
     _metrics.count("DynamoGraphs")
 
-    def compiler(graph, inputs):
-        run = _OnLazy(graph) if _on_lazy(graph) else _Partitioned(graph, settings)
+    def compiler(graph, inputs, saved=None):
+        run = _OnLazy(graph) if _on_lazy(graph) else _Partitioned(graph, settings, saved)
         return make_boxed_func(run)  # (AOTAutograd's convention)
 
-    compiled = aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)
+    def forward(graph, inputs):
+        return compiler(graph, inputs, _saved_for_backward())
+
+    compiled = aot_autograd(fw_compiler=forward, bw_compiler=compiler, inference_compiler=compiler)(
+        gm, example_inputs
+    )
     return _Captured(gm, compiled, example_inputs, None if tx is None else tx.output)
 
 
@@ -357,8 +374,8 @@ class _Partitioned:
     traces the whole graph on placeholders, going on past a node that fails with a
     placeholder of the shape AOTAutograd recorded for it (``_probe``)."""
 
-    def __init__(self, gm, settings):
-        self.gm, self.settings = gm, settings
+    def __init__(self, gm, settings, saved=None):
+        self.gm, self.settings, self.saved = gm, settings, saved
         self.eager: set = set()  # op targets run eagerly
         self.run = None
 
@@ -391,7 +408,7 @@ class _Partitioned:
         self.run = (
             _split_graph(self.gm, eager, self.settings)
             if eager
-            else _Programs(self.gm, self.settings)
+            else _Programs(self.gm, self.settings, self.saved)
         )
         self.eager = eager
 
@@ -453,8 +470,8 @@ class _Submodule(torch.nn.Module):
 class _Programs:
     """The programs of one graph, one per concrete call signature (at most ``max_programs``)."""
 
-    def __init__(self, gm, settings):
-        self.gm = gm
+    def __init__(self, gm, settings, saved=None):
+        self.gm, self.saved = gm, saved  # (saved: the outputs the backward reads, a slice)
         self.programs = Bounded(settings["max_programs"])
 
     def __call__(self, *args):
@@ -463,7 +480,7 @@ class _Programs:
         )
         program = self.programs.get(key)
         if program is None:
-            program = self.programs[key] = _Program(self.gm, args)
+            program = self.programs[key] = _Program(self.gm, args, self.saved)
         return program(args)
 
 
@@ -489,7 +506,7 @@ def _placeholder(t: torch.Tensor) -> DeviceData:
 class _Program:
     """One graph traced on placeholders for one call signature, compiled."""
 
-    def __init__(self, gm, args):
+    def __init__(self, gm, args, saved=None):
         _metrics.count("DynamoPrograms")
         inputs = [_placeholder(a) if isinstance(a, torch.Tensor) else None for a in args]
         key = DeviceData(Shape("uint32", (3,)))
@@ -524,6 +541,9 @@ class _Program:
                     roots.append(o._ir)
             else:
                 self.outputs.append(("value", o))
+        # The results the backward reads stay device arrays (``Resident``).
+        kept = range(len(self.outputs))[saved] if saved is not None else ()
+        self.resident = frozenset(self.outputs[k][1] for k in kept if self.outputs[k][0] == "root")
         self.exe = None
         if roots:
             self.exe, g = CACHE.get(roots)
@@ -539,17 +559,18 @@ class _Program:
     def __call__(self, args):
         results = []
         if self.exe is not None:
-            arrays = []
+            arrays, hosts = [], _Hosts()
             for (kind, *what), sharding in zip(self.sources, self.exe.in_shardings, strict=True):
                 if kind == "arg":
-                    arrays.append(_on_device(args[what[0]], sharding))
+                    arrays.append(_on_device(args[what[0]], sharding, hosts, len(arrays)))
                 elif kind == "key":
-                    arrays.append(jax.device_put(_key(), sharding))
+                    arrays.append(hosts.add(len(arrays), _key(), sharding, tensor=False))
                 else:
                     arrays.append(place(what[0], sharding))
+            hosts.place(arrays)
             outs = self.exe.run(arrays)
             jax.block_until_ready(outs)  # (the inputs are borrowed: nothing reads them after)
-            results = [_to_torch(a) for a in outs]
+            results = to_torch(outs, self.resident)
         flat = [
             args[what]
             if kind == "arg"
@@ -575,37 +596,54 @@ def _key() -> np.ndarray:
 _BORROWED = WeakIdKeyDictionary()  # tensor -> (version, data pointer, array)
 
 
-def _on_device(t: torch.Tensor, sharding):
-    """A plain tensor's data as a device array: the one made at an earlier call if the tensor
-    was not written since, else through DLPack (a copy only where XLA needs one)."""
+class _Hosts:
+    """A call's host arrays still to place, placed together (their transfers overlap)."""
+
+    def __init__(self):
+        self.at, self.arrays, self.shardings, self.keep = [], [], [], []
+        self.tensors = 0  # (DynamoInputsPlaced counts tensors: the random key is not one)
+
+    def add(self, k: int, array, sharding, keep=None, tensor: bool = True):
+        self.at.append(k)
+        self.arrays.append(array)
+        self.shardings.append(sharding)
+        self.keep.append(keep)
+        self.tensors += tensor
+        return None
+
+    def place(self, arrays: list) -> None:
+        if not self.at:
+            return
+        placed = jax.device_put(self.arrays, self.shardings)
+        _metrics.count("DynamoInputsPlaced", self.tensors)
+        for k, a, keep in zip(self.at, placed, self.keep, strict=True):
+            arrays[k] = a
+            # Kept for the next call only where the array is the tensor's own memory: a write
+            # the version counter does not see (``.data``, numpy) is then read as it is; a
+            # copy is not kept.
+            if keep is not None and _shares(a, keep[0]):
+                _BORROWED[keep[0]] = (*keep[1:], a)
+
+
+def _on_device(t: torch.Tensor, sharding, hosts: _Hosts, k: int):
+    """A plain tensor's data as a device array: a ``Resident``'s own, the one made at an
+    earlier call if the tensor was not written since, else (left to ``hosts``) its memory
+    through DLPack (a copy only where XLA needs one)."""
+    array = device_array(t, sharding)
+    if array is not None:
+        return array
     cacheable = not t.is_inference()  # (an inference tensor has no version counter)
+    keep = None
     if cacheable:
         seen = _BORROWED.get(t)
         version, ptr = t._version, t.data_ptr()
         if seen is not None and seen[0] == version and seen[1] == ptr:
             return seen[2]
+        keep = (t, version, ptr)
     src = t.detach()
     if src.device.type != "cpu":
         src = src.cpu()
-    src = src.contiguous()
-    array = None
-    if src.dim() < 2 or 1 not in src.shape:
-        # (a dim of size 1 leaves DLPack's strides ambiguous, and jax may read another
-        # layout than the one the program was compiled for: those go through numpy, which
-        # jax also places on a CPU device without a copy)
-        try:
-            array = jax.dlpack.from_dlpack(src, copy=None)
-        except Exception:  # (a dtype DLPack does not carry)
-            array = None
-    if array is None:
-        array = host_numpy(src, copy=False)
-    array = jax.device_put(array, sharding)
-    _metrics.count("DynamoInputsPlaced")
-    # Kept for the next call only where the array is the tensor's own memory: a write the
-    # version counter does not see (``.data``, numpy) is then read as it is; a copy is not kept.
-    if cacheable and _shares(array, t):
-        _BORROWED[t] = (version, ptr, array)
-    return array
+    return hosts.add(k, host_array(src.contiguous()), sharding, keep)
 
 
 def _shares(array, t: torch.Tensor) -> bool:
@@ -613,13 +651,6 @@ def _shares(array, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" and array.unsafe_buffer_pointer() == t.data_ptr()
     except Exception:  # (a sharded array: no one buffer)
         return False
-
-
-def _to_torch(a) -> torch.Tensor:
-    try:
-        return torch.from_dlpack(a)
-    except Exception:  # (a dtype DLPack does not carry)
-        return torch.from_numpy(np.asarray(a))
 
 
 # Dynamo takes lazy tensors in as tensors of the lazy device when it captures for this backend

@@ -112,7 +112,10 @@ def _cholesky_info(h):
         info = jnp.where((info == 0) & fail, j + 1, info)
         l_jj = jnp.sqrt(jnp.where(fail, 1, d))
         col_a = lax.dynamic_index_in_dim(h, j, axis=-1, keepdims=False)
-        col = (col_a - jnp.einsum("...ik,...k->...i", low, jnp.conj(row))) / l_jj[..., None]
+        col = (
+            col_a
+            - jnp.einsum("...ik,...k->...i", low, jnp.conj(row), precision=lax.Precision.HIGHEST)
+        ) / l_jj[..., None]
         col = jnp.where(idx > j, col, jnp.where(idx == j, l_jj[..., None].astype(h.dtype), 0))
         low = lax.dynamic_update_index_in_dim(low, col[..., :, None], j, axis=-1)
         return low, info
