@@ -45,18 +45,36 @@ def _buffers(a: jax.Array) -> set:
     return {s.data.unsafe_buffer_pointer() for s in a.addressable_shards}
 
 
+# (current, wanted) shardings by identity -> (current, wanted, equal): a program's results
+# carry its output shardings, equal to the next program's input shardings but other objects,
+# and comparing two shardings runs Python; each pair is compared once.
+_SAME = Bounded(1024)
+
+
+def same_sharding(current, wanted) -> bool:
+    """``current == wanted``, remembered per pair of objects."""
+    hit = _SAME.get((id(current), id(wanted)))
+    if hit is not None and hit[0] is current and hit[1] is wanted:
+        return hit[2]
+    equal = current == wanted
+    _SAME[(id(current), id(wanted))] = (current, wanted, equal)
+    return equal
+
+
 def place(p: DeviceData, sharding):
     """The parameter's buffer on ``sharding``: moved only when it is not already there."""
     h = p.handle
     if h is None:
         raise LoweringError(f"parameter {p!r} has no data (handle None); bind an array first")
-    if type(h) is ArrayImpl and h.sharding is sharding and not h.is_deleted():
-        return h  # the steady state: a result of the previous step, where it belongs
+    if type(h) is ArrayImpl and not h.is_deleted():
+        current = h.sharding
+        if current is sharding or same_sharding(current, sharding):
+            return h  # the steady state: a result of the previous step, where it belongs
     if isinstance(h, jax.Array):
         if h.is_deleted():
             raise ExecutionError(f"parameter {p!r} holds a deleted (donated) buffer")
         current = h.sharding
-        if current == sharding:
+        if same_sharding(current, sharding):
             return h
         key = (current, sharding, h.ndim)
         same = _EQUIVALENT.get(key)

@@ -23,7 +23,7 @@ import torch
 from ir_core import DeviceData, Value
 from ir_runtime import _donation, _metrics
 from ir_runtime._data import put
-from ir_runtime._execute import place
+from ir_runtime._execute import place, same_sharding
 from ir_runtime._frontend.recording import _rng
 from ir_runtime._frontend.recording._convert import host_numpy
 from ir_runtime._frontend.recording._tensor import LazyTensor
@@ -42,6 +42,7 @@ cdef object _ARG = ARG, _STATE = STATE, _CONST = CONST, _HOSTREAD = HOSTREAD
 cdef object _HYPER = HYPER, _PGRAD = PGRAD, _OUT = OUT, _GRAD = GRAD, _HOST = HOST
 cdef object _DEVICE_DATA = DeviceData, _VALUE = Value, _LAZY = LazyTensor, _ARRAY = ArrayImpl
 cdef object _sole = _donation.sole, _refs = _donation.refs, _place = place
+cdef object _same = same_sharding
 cdef object _count = _metrics.count, _next_step = _rng.next_step, _write_through = write_through
 cdef object _grad_enabled = torch.is_grad_enabled
 
@@ -145,10 +146,12 @@ def read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
                 copies = []
             copies.append(len(arrays))
         h = node.handle
-        if type(h) is _ARRAY and h.sharding is sharding and not h.is_deleted():
-            arrays.append(h)  # the steady state: a result of the previous step, where it belongs
-        else:
-            arrays.append(_place(node, sharding))
+        if type(h) is _ARRAY and not h.is_deleted():
+            held = h.sharding
+            if held is sharding or _same(held, sharding):
+                arrays.append(h)  # the steady state: a result of the last step, where it belongs
+                continue
+        arrays.append(_place(node, sharding))
     if copies is not None:
         for k in copies:
             _count("DonationCopies")
