@@ -309,7 +309,57 @@ def test_a_resident_tensor_reads_as_its_values_and_a_write_makes_the_host_copy_t
     assert device_array(r, a.sharding) is None
     np.testing.assert_array_equal((r + 0).numpy(), np.arange(6).reshape(2, 3) + 1)
     b = Resident(jnp.ones((2,), jnp.bfloat16))
-    assert b.dtype == torch.bfloat16 and (b + 0).tolist() == [1.0, 1.0]
+    assert b.dtype == torch.bfloat16 and b.tolist() == [1.0, 1.0]
+    np.testing.assert_array_equal(copy.deepcopy(b).float().numpy(), [1.0, 1.0])
+    # aliases share the data: a write through one is the value through the other
+    c = Resident(jnp.zeros((3,), jnp.float32))
+    alias = c.detach()
+    torch._foreach_add_([c], 5.0)  # (a write inside a list argument)
+    assert device_array(alias, a.sharding) is None
+    np.testing.assert_array_equal(alias.numpy(), [5.0, 5.0, 5.0])
+    kept = Resident(jnp.ones((3,), jnp.float32))
+    torch.zeros(3).copy_(kept)  # (read by a mutable op, not written: still on the device)
+    assert device_array(kept, kept.array.sharding) is not None
+    with pytest.raises(RuntimeError, match="would change the shape"):
+        kept.unsqueeze_(0)
+
+
+def test_saved_tensors_never_reach_the_user_as_device_tensors():
+    """Outputs stay plain tensors where the forward graph opens with effect tokens (the
+    linear-algebra error checks), and a backward that returns what its forward saved gives a
+    plain gradient."""
+    from ir_runtime._frontend.dynamo._resident import Resident
+
+    def f(a):
+        y = torch.linalg.inv(a)
+        return y.exp() * 2, y.sum()
+
+    a = torch.randn(3, 3, generator=torch.Generator().manual_seed(0)) + 3 * torch.eye(3)
+    a_c = a.clone().requires_grad_()
+    outs = torch.compile(f, backend="ir_runtime", dynamic=False)(a_c)
+    assert [type(o) for o in outs] == [torch.Tensor, torch.Tensor]
+    a_e = a.clone().requires_grad_()
+    want = f(a_e)
+    for o, w in zip(outs, want, strict=True):
+        np.testing.assert_allclose(o.detach().numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    sum(o.sum() for o in outs).backward()
+    sum(w.sum() for w in want).backward()
+    np.testing.assert_allclose(a_c.grad.numpy(), a_e.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+    class Precomputed(torch.autograd.Function):  # (a fused loss: the gradient made forward)
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x * 2)
+            return (x * x).sum()
+
+        @staticmethod
+        def backward(ctx, go):
+            return ctx.saved_tensors[0]
+
+    x = torch.randn(4, requires_grad=True)
+    torch.compile(Precomputed.apply, backend="ir_runtime", dynamic=False)(x).backward()
+    assert type(x.grad) is torch.Tensor and type(x.grad) is not Resident
+    np.testing.assert_allclose(x.grad.numpy(), (x * 2).detach().numpy(), rtol=1e-6)
 
 
 def test_outputs_that_alias_inputs_are_views_and_input_mutations_land():

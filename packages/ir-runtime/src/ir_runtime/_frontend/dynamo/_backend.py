@@ -78,7 +78,7 @@ from ir_runtime._cache import CACHE
 from ir_runtime._errors import RuntimeIRError, UnsupportedOpError
 from ir_runtime._execute import place
 from ir_runtime._frontend.dynamo import _capture
-from ir_runtime._frontend.dynamo._resident import device_array, host_array, to_torch
+from ir_runtime._frontend.dynamo._resident import device_array, host_array, plain, to_torch
 from ir_runtime._frontend.recording import _convert, _rng
 from ir_runtime._frontend.recording._convert import ir_dtype
 from ir_runtime._frontend.recording._tensor import LazyTensor, base_of, wrap
@@ -116,11 +116,17 @@ def _saved_for_backward():
     """The forward graph's outputs that AOTAutograd saves for the backward (a slice), or None
     where its metadata does not say."""
     try:
+        from torch._functorch import config
         from torch._guards import TracingContext
 
-        return TracingContext.try_get().fw_metadata.tensors_saved_for_backwards_slice
+        meta = TracingContext.try_get().fw_metadata
+        saved = meta.tensors_saved_for_backwards_slice
     except Exception:
         return None
+    # The graph's outputs open with one token per effect (``_linalg_check_errors``: inv,
+    # solve, cholesky), which the metadata's positions do not count.
+    tokens = 0 if config.unlift_effect_tokens else len(meta.tokens)
+    return slice(saved.start + tokens, saved.stop, saved.step)
 
 
 def _current_tx():
@@ -572,7 +578,7 @@ class _Program:
             jax.block_until_ready(outs)  # (the inputs are borrowed: nothing reads them after)
             results = to_torch(outs, self.resident)
         flat = [
-            args[what]
+            plain(args[what])  # (a backward may return what the forward saved: a Resident)
             if kind == "arg"
             else results[what]
             if kind == "root"

@@ -10,41 +10,76 @@ it to the host once, so it behaves as the CPU tensor it stands for.
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import numpy as np
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ir_runtime import _metrics
 from ir_runtime._dtypes import name_of
 from ir_runtime._frontend.recording._convert import IR_TO_TORCH, host_numpy, host_tensor
 
-_VIEWS = None  # (detach and alias: a new Resident of the same array)
+_VIEWS = None  # (detach and alias: a new Resident of the same data)
+
+
+class _Cell:
+    """The data a Resident and its aliases (``detach``, ``alias``) share: the device array,
+    and the host copy once read; a write makes the host copy the value (``array`` None)."""
+
+    __slots__ = ("array", "host", "lock")
+
+    def __init__(self, array):
+        self.array, self.host, self.lock = array, None, threading.Lock()
 
 
 class Resident(torch.Tensor):
     """A program's result that stays on the device: a CPU tensor of its shape and dtype to
     torch, its array to the next program that reads it."""
 
-    array: jax.Array | None  # None once the host copy was written in place (it is the value)
-    host: torch.Tensor | None  # the host copy, read at the first use that needs it
+    cell: _Cell
 
     @staticmethod
-    def __new__(cls, array, host=None):
+    def __new__(cls, array, cell=None):
         t = torch.Tensor._make_wrapper_subclass(
             cls, array.shape, dtype=IR_TO_TORCH[name_of(array.dtype)], device="cpu"
         )
-        t.array, t.host = array, host
+        t.cell = cell if cell is not None else _Cell(array)
         return t
 
+    @property
+    def array(self):
+        """The device array, or None once the host copy was written (it is the value)."""
+        return self.cell.array
+
     def read(self) -> torch.Tensor:
-        if self.host is None:
-            self.host = _host(self.array)
-            _metrics.count("DynamoResidentReads")
-        return self.host
+        """The value as a plain CPU tensor (read from the device once)."""
+        cell = self.cell
+        with cell.lock:
+            if cell.host is None:
+                cell.host = _host(cell.array)
+                _metrics.count("DynamoResidentReads")
+            return cell.host
+
+    # What torch refuses for a tensor subclass, answered as the CPU tensor it stands for.
+    def numpy(self, *, force: bool = False):
+        return self.read().numpy(force=force)
+
+    def tolist(self):
+        return self.read().tolist()
+
+    def data_ptr(self) -> int:
+        return self.read().data_ptr()
+
+    def __deepcopy__(self, memo):
+        return self.read().clone()
+
+    def __reduce_ex__(self, protocol):
+        return self.read().__reduce_ex__(protocol)
 
     def __repr__(self, *, tensor_contents=None):
-        return f"Resident({self.read()!r})"
+        return repr(self.read())
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -53,16 +88,45 @@ class Resident(torch.Tensor):
             _VIEWS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
         kwargs = kwargs or {}
         if func in _VIEWS and type(args[0]) is Resident and args[0].array is not None:
-            return Resident(args[0].array, args[0].host)
+            return Resident(args[0].array, args[0].cell)
+        written = _written(func, args, kwargs)
+        if written and (
+            torch.Tag.inplace_view in func.tags or func.__name__.split(".")[0] in _RESHAPING
+        ):
+            raise RuntimeError(
+                f"{func} would change the shape of a tensor that holds a program's result on "
+                f"the device (what a compiled forward saved); use the out-of-place op"
+            )
         out = func(*tree_map(_read, args), **tree_map(_read, kwargs))
-        if func._schema.is_mutable:  # (a write lands on the host copy: that is the value now)
-            for a in (*args, *kwargs.values()):
-                if type(a) is Resident:
-                    a.array = None
+        for r in written:  # (the write landed on the host copy: that is the value now)
+            r.cell.array = None
         return out
 
 
+_RESHAPING = frozenset(("resize_", "resize_as_", "set_", "as_strided_"))
+
+
+def _written(func, args, kwargs) -> list:
+    """The Residents among the arguments ``func`` writes (``Tensor(a!)``, also in lists)."""
+    if not func._schema.is_mutable:
+        return []
+    out = []
+    for k, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[k] if k < len(args) else kwargs.get(arg.name)
+        for x in tree_flatten(value)[0]:
+            if type(x) is Resident:
+                out.append(x)
+    return out
+
+
 def _read(x):
+    return x.read() if type(x) is Resident else x
+
+
+def plain(x):
+    """``x``, or a Resident's value as a plain CPU tensor (what torch hands a user)."""
     return x.read() if type(x) is Resident else x
 
 
@@ -94,9 +158,11 @@ def _on_cpu(a) -> bool:
 def device_array(t: torch.Tensor, sharding):
     """``t``'s array if it is a ``Resident`` still holding one (placed on ``sharding``), else
     None."""
-    if type(t) is not Resident or t.array is None:
+    if type(t) is not Resident:
         return None
     a = t.array
+    if a is None:
+        return None
     return a if a.sharding == sharding else jax.device_put(a, sharding)
 
 
