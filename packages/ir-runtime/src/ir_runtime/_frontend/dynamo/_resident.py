@@ -1,6 +1,6 @@
 """Where a plain-tensor call's arrays live between torch and the device.
 
-A call's inputs become device arrays and its results torch tensors (``to_device``,
+A call's inputs become device arrays and its results torch tensors (``host_array``,
 ``to_torch``); on a CPU both are DLPack views of the same memory, on an accelerator copies,
 started together so that their transfers overlap. What a forward saves for its backward never
 crosses at all: it is handed to torch as a ``Resident``, a tensor that holds the device array,
@@ -19,9 +19,11 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ir_runtime import _metrics
 from ir_runtime._dtypes import name_of
+from ir_runtime._execute import same_sharding
 from ir_runtime._frontend.recording._convert import IR_TO_TORCH, host_numpy, host_tensor
 
-_VIEWS = None  # (detach and alias: a new Resident of the same data)
+# Ops that give a new Resident of the same data.
+_VIEWS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 
 class _Cell:
@@ -83,9 +85,6 @@ class Resident(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        global _VIEWS
-        if _VIEWS is None:
-            _VIEWS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
         kwargs = kwargs or {}
         if func in _VIEWS and type(args[0]) is Resident and args[0].array is not None:
             return Resident(args[0].array, args[0].cell)
@@ -97,7 +96,7 @@ class Resident(torch.Tensor):
                 f"{func} would change the shape of a tensor that holds a program's result on "
                 f"the device (what a compiled forward saved); use the out-of-place op"
             )
-        out = func(*tree_map(_read, args), **tree_map(_read, kwargs))
+        out = func(*tree_map(plain, args), **tree_map(plain, kwargs))
         for r in written:  # (the write landed on the host copy: that is the value now)
             r.cell.array = None
         return out
@@ -119,10 +118,6 @@ def _written(func, args, kwargs) -> list:
             if type(x) is Resident:
                 out.append(x)
     return out
-
-
-def _read(x):
-    return x.read() if type(x) is Resident else x
 
 
 def plain(x):
@@ -163,7 +158,7 @@ def device_array(t: torch.Tensor, sharding):
     a = t.array
     if a is None:
         return None
-    return a if a.sharding == sharding else jax.device_put(a, sharding)
+    return a if same_sharding(a.sharding, sharding) else jax.device_put(a, sharding)
 
 
 def host_array(src: torch.Tensor):
