@@ -1,18 +1,23 @@
 """One session per package, plus integration, lint, bench and demo.
 
-Every test session builds the packages it needs from source (ir-core's Cython through its
-PEP 517 build) into a fresh virtualenv and runs their tests against the installed code, never
-the source tree. Bare ``nox`` runs lint and every test session.
+Every test session installs the packages it needs into a fresh virtualenv, as wheels built from
+source (ir-core's and ir-runtime's Cython through their PEP 517 builds) once per nox run, and
+runs their tests against the installed code, never the source tree. Bare ``nox`` runs lint and
+every test session.
 """
 
+import glob
 import os
+import shutil
+import tempfile
 
 import nox
 
-# What bare ``nox`` (and CI) runs; torch_xla's suite runs inside ``integration`` (one install
-# for both). Not default, for CI's time: ``integration_transformers4`` (the Hugging Face
+# What bare ``nox`` (and CI) runs; torch_xla's suite runs inside ``integration`` and the OpInfo
+# suite through torch.compile inside ``runtime`` (one install for both). Not default, for CI's
+# time: ``integration_transformers4`` (the Hugging Face
 # models on the older transformers line), ``opinfo_all``, ``torch_xla_suite_training``.
-nox.options.sessions = ["lint", "core", "sharding", "runtime", "opinfo_dynamo", "integration"]
+nox.options.sessions = ["lint", "core", "sharding", "runtime", "integration"]
 nox.options.error_on_external_run = True
 
 CORE = "packages/ir-core"
@@ -27,6 +32,47 @@ TRANSFORMERS = "transformers>=5.25,<5.26"
 TRANSFORMERS_4 = "transformers>=4.57,<4.58"
 
 
+# Each package is built once per nox run, from the source as it is at that run's first session
+# that needs it, into a wheel every later session installs: ir-core's and ir-runtime's Cython
+# take about half a minute each to build, and up to five sessions install them. Each run builds
+# into a directory of its own, so a wheel of an earlier run is never installed.
+_WHEELS: dict = {}  # package name -> its wheel built in this run
+_RUN_DIR: list = []  # this run's wheel directory
+_PACKAGES = {"ir-core": CORE, "ir-sharding": SHARDING, "ir-runtime": RUNTIME}
+
+
+def _wheels_dir(session) -> str:
+    if not _RUN_DIR:
+        root = os.path.abspath(os.path.join(session.cache_dir, "wheels"))
+        shutil.rmtree(root, ignore_errors=True)  # (earlier runs' wheels)
+        os.makedirs(root)
+        _RUN_DIR.append(tempfile.mkdtemp(dir=root))
+    return _RUN_DIR[0]
+
+
+def _pkg(session, name: str, extras: str = "") -> str:
+    """The wheel of package ``name`` built in this run (built now if it is the first to ask),
+    with ``extras`` (``"test"``) as pip reads them after a path."""
+    wheel = _WHEELS.get(name)
+    if wheel is None:
+        out = os.path.join(_wheels_dir(session), name)
+        session.run(
+            "python", "-m", "pip", "wheel", "-q", "--no-deps", f"./{_PACKAGES[name]}", "-w", out
+        )
+        (wheel,) = glob.glob(os.path.join(out, "*.whl"))
+        _WHEELS[name] = wheel
+    return f"{wheel}[{extras}]" if extras else wheel
+
+
+def _ours(session, runtime: str = "", sharding: str = "") -> list:
+    """The three packages' wheels, ir-runtime's and ir-sharding's with these extras."""
+    return [
+        _pkg(session, "ir-core"),
+        _pkg(session, "ir-sharding", sharding),
+        _pkg(session, "ir-runtime", runtime),
+    ]
+
+
 def _pytest(session, package, *args):
     session.chdir(package)
     session.run("pytest", "tests", *args, *session.posargs)
@@ -35,27 +81,32 @@ def _pytest(session, package, *args):
 @nox.session
 def core(session):
     """ir-core alone: no numpy, jax or torch."""
-    session.install(f"./{CORE}[test]")
+    session.install(_pkg(session, "ir-core", "test"))
     _pytest(session, CORE)
 
 
 @nox.session
 def sharding(session):
-    session.install(f"./{CORE}", f"./{SHARDING}[test]")
+    session.install(_pkg(session, "ir-core"), _pkg(session, "ir-sharding", "test"))
     _pytest(session, SHARDING)
 
 
 @nox.session
 def runtime(session):
-    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH)
+    """ir-runtime's tests, then (without arguments, which narrow the first run only)
+    ``opinfo_dynamo``'s in a process of their own, in the same environment."""
+    session.install(*_ours(session, "test"), TORCH)
     _pytest(session, RUNTIME, "--ignore=tests/test_opinfo_dynamo.py")
+    if not session.posargs:
+        session.run("pytest", "tests/test_opinfo_dynamo.py")
 
 
 @nox.session
 def opinfo_dynamo(session):
     """torch's OpInfo suite through torch.compile(backend="ir_runtime"): one sample per op,
-    values and gradients against eager (Dynamo and AOTAutograd per op: its own session)."""
-    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH)
+    values and gradients against eager (Dynamo and AOTAutograd per op: a process of its own;
+    ``runtime`` runs it too)."""
+    session.install(*_ours(session, "test"), TORCH)
     session.chdir(RUNTIME)
     session.run("pytest", "tests/test_opinfo_dynamo.py", *session.posargs)
 
@@ -67,7 +118,7 @@ def opinfo_all(session):
     CI runs the first three samples; the later ones carry the keyword arguments the first ones
     lack. Prints the totals; narrow it with pytest's arguments: ``nox -s opinfo_all -- -k conv``.
     """
-    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH)
+    session.install(*_ours(session, "test"), TORCH)
     session.chdir(RUNTIME)
     session.run(
         "pytest",
@@ -120,7 +171,11 @@ def torch_xla_suite(session):
     failure (``integration_tests/torch_xla_suite/conftest.py`` prints them by category). The
     graph-dump test runs apart, with the environment torch_xla's CI gives it; the linear-model
     training file in ``torch_xla_suite_training``. ``integration`` runs it too."""
-    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH, "rich")
+    session.install(
+        *_ours(session, "test"),
+        TORCH,
+        "rich",
+    )
     _torch_xla_suite(session)
 
 
@@ -138,7 +193,7 @@ def torch_xla_suite_training(session):
     """The 13th file of torch_xla's suite, ``test_train_spmd_linear_model.py`` (baseline,
     gradient checkpointing and gradient accumulation of a 141M-parameter model agree): not a
     default session, for CI's time."""
-    session.install(f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[test]", TORCH)
+    session.install(*_ours(session, "test"), TORCH)
     session.run(*_TORCH_XLA_PYTEST, "-q", TORCH_XLA_TRAINING, env={"CPU_NUM_DEVICES": "8"})
 
 
@@ -147,9 +202,7 @@ def integration(session):
     """The cross-package suite on transformers 5, then torch_xla's SPMD suite
     (``torch_xla_suite``) in the same environment."""
     session.install(
-        f"./{CORE}",
-        f"./{SHARDING}",
-        f"./{RUNTIME}[checkpoint,test]",
+        *_ours(session, "checkpoint,test"),
         TORCH,
         "packaging",
         "rich",
@@ -166,9 +219,7 @@ def integration_transformers4(session):
     """The Hugging Face parts of the integration suite on transformers 4.57: training every
     model under compile_step, and generation (not a default session: new users get 5)."""
     session.install(
-        f"./{CORE}",
-        f"./{SHARDING}",
-        f"./{RUNTIME}[checkpoint]",
+        *_ours(session, "checkpoint"),
         TORCH,
         TRANSFORMERS_4,
         *TEST_DEPS,
@@ -200,9 +251,7 @@ def lint(session):
 def bench(session):
     """Benchmarks side by side with their peers; a table on stdout, JSON under .bench/."""
     session.install(
-        f"./{CORE}",
-        f"./{SHARDING}[jax]",
-        f"./{RUNTIME}[checkpoint]",
+        *_ours(session, "checkpoint", sharding="jax"),
         TORCH,
         "xxhash>=3.4",
         TRANSFORMERS,
@@ -230,6 +279,9 @@ def demo(session):
     """The main job (see README.md): a small Llama learns Python's help texts, placed 2-D with
     PyTorch's own APIs over 8 CPU devices, checkpointed and resumed, next to torch eager."""
     session.install(
-        f"./{CORE}", f"./{SHARDING}", f"./{RUNTIME}[checkpoint]", TORCH, TRANSFORMERS, "tqdm>=4.66"
+        *_ours(session, "checkpoint"),
+        TORCH,
+        TRANSFORMERS,
+        "tqdm>=4.66",
     )
     session.run("python", "demo.py", *session.posargs)
