@@ -92,6 +92,31 @@ def test_replays_match_eager(make_opt, zero_first):
             assert p_l.grad is None and p_e.grad is None, name
 
 
+def test_a_replay_reads_the_state_it_rebinds_as_placed_without_comparing_shardings():
+    """Weights and momentum the step rebinds come back from its own results, each array
+    carrying its result's sharding object (equal to the parameter's, another object): the
+    replay matches them by identity, so no pair of equal shardings is compared
+    (``same_sharding``'s memo), and values still match eager."""
+    from ir_runtime import _execute
+
+    eager, lazy = pair()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.05, momentum=0.9)
+    step_e, step = train_fn(eager, opt_e), irt.compile_step(train_fn(lazy, opt_l))
+    data = batches(6)
+    for x, y in data[:4]:
+        step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y)
+    assert step.replaying
+    xs = [(irt.to_lazy(x), irt.to_lazy(y)) for x, y in data[4:]]  # (placed before: not read)
+    _execute._SAME.clear()
+    for (lx, ly), (x, y) in zip(xs, data[4:], strict=True):
+        close(step(lx, ly), step_e(x, y), rtol=2e-5)
+    compared = [pair for pair in _execute._SAME.values() if pair[2]]  # (x, y: placed anew)
+    assert compared == []
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-4, atol=1e-5)
+
+
 def test_adam_without_capturable_replays_its_step_count_kept_on_the_device():
     eager, lazy = pair()
     opt_e = torch.optim.Adam(eager.parameters(), lr=0.01)

@@ -66,7 +66,9 @@ class Executable:
         self.donate = donate
         self.program = g.program
         # Parameters fed by earlier results carry the compiled output shardings themselves:
-        # use those very objects, so placing them is an identity check.
+        # use those very objects, so placing them is an identity check. (jax makes one object
+        # per result, and equal ones collapse here: a compiled step matches each parameter with
+        # the result that feeds it, ``result_shardings``.)
         outs = {o: o for o in self.compiled.output_shardings}
         self.in_shardings = [outs.get(s, s) for s in g.in_shardings()]
         self.out_shapes = [Shape(r.shape.dtype, r.shape.dims) for r in g.roots]
@@ -74,6 +76,7 @@ class Executable:
         # them in the roots' order.
         self._unorder = None if order is None else tuple(order.index(r) for r in range(len(order)))
         shardings = self._roots_order(self.compiled.output_shardings[: len(self.out_shapes)])
+        self.result_shardings = shardings  # the objects each root's array carries
         self.out_specs = [
             spec_from_jax(s, len(shape.dims), g.program)
             for s, shape in zip(shardings, self.out_shapes, strict=True)

@@ -251,8 +251,9 @@ class Replay:
         reads = self._reads
         if reads is None:
             donated = set(self.exe.donate)
+            carried = self._carried()
             reads = self._reads = tuple(
-                (kind, x, shape, sharding, k in donated, spec)
+                (kind, x, shape, carried.get(k, sharding), k in donated, spec)
                 for k, ((kind, x), shape, sharding, spec) in enumerate(
                     zip(self.sources, self.shapes, self.exe.in_shardings, self.specs, strict=True)
                 )
@@ -262,6 +263,24 @@ class Replay:
             _step.mark_step()  # (nothing placed so far is kept: read them all again)
             arrays = _hot.read_inputs(self, reads, leaves, replayable_args, True)
         return arrays
+
+    def _carried(self) -> dict:
+        """Parameter -> the sharding object its array will carry, where the step rebinds the
+        tensor it reads (weights, optimizer state): the next replay reads this program's own
+        result, whose array carries that result's output sharding, an object equal to the
+        parameter's but not it (jax makes one per result). Comparing by identity then runs no
+        Python; any other array is compared by value, as before."""
+        exe, wrote, out = self.exe, {}, {}
+        for kind, x, k in self.bindings:
+            t = x() if kind is STATE else None
+            if t is not None:
+                wrote[id(t)] = k
+        for i, ((kind, x), sharding) in enumerate(zip(self.sources, exe.in_shardings, strict=True)):
+            t = alive(x) if kind is STATE else None
+            k = None if t is None else wrote.get(id(t))
+            if k is not None and exe.result_shardings[k] == sharding:
+                out[i] = exe.result_shardings[k]
+        return out
 
     def _read_host(self, kind, x, shape, sharding, k: int):
         """Parameter ``k``, read from the host at every replay: a host tensor's value now, as
