@@ -176,6 +176,19 @@ def test_compile_step_replays_donate_and_copy_what_is_still_read():
     assert c["StepReplay"] == 1 and c["DonationCopies"] == 1 and c["DonatedBuffers"] == 8
     np.testing.assert_array_equal(irt.to_torch(kept).numpy(), expected.numpy())
     assert_same_parameters(lazy, eager)
+    # Only the jax array of a weight held outside (the tensor, its value and node are the
+    # step's alone): the replay donates a copy of it, and the array keeps its value.
+    held = inspect.data_of(lazy[0].bias)
+    value = np.asarray(held).copy()
+    irt.reset_metrics()
+    x, y = batch(6)
+    step(irt.to_lazy(x), irt.to_lazy(y))
+    train(eager, opt_e, x, y)
+    c = counters()
+    assert c["StepReplay"] == 1 and c["DonationCopies"] == 1
+    assert not held.is_deleted()
+    np.testing.assert_array_equal(np.asarray(held), value)
+    assert_same_parameters(lazy, eager)
 
 
 def test_a_long_loop_donates_every_step_without_compiling_again():

@@ -12,7 +12,8 @@ that whole policy, in three parts:
   borrowed loads and free-threaded builds count differently. If the counts cannot be trusted,
   donation is switched off with one ``DonationWarning`` that says so, never silently: a count
   that is off could donate a buffer something still reads (a wrong value), or never donate
-  (twice the memory).
+  (twice the memory). A compiled step's replay applies ``sole``'s rule in C (``_hot.sole``),
+  where a count is exact and needs no calibration.
 - The front end's rule for a step (``Donor``): the step rebinds every tensor it computes, so
   their old data is donated unless something else still reads it (``private``; ``held``; the
   compiled step's ``sole``).

@@ -8,20 +8,22 @@ kinds (a tensor's data, a lazy argument, a constant, a returned tensor, a tensor
 as C loops; the rare ones (a host tensor read afresh, a number lent to an optimizer, a host
 argument written back, a read that fails) call the same Python helpers the plan's tracing uses.
 
-Donation decides by reference counts (``_donation.sole``), calibrated for a caller whose locals
-hold what the loop holds: each call of it here is made holding the same references the loop
-always held (the tensor in a local, no temporary of its value or node), so the counts are the
-ones the rule was written for. A count that came out high would only keep a buffer from being
-donated (a copy), never donate one that is read elsewhere.
+Donation decides by reference counts: ``_donation.sole``'s rule, counted here in C (``_sole_c``)
+where the interpreter's counts are trusted (``_donation.CALIBRATION``; on a free-threaded build
+the Python rule is called instead). Cython's own references are exact: a local holds one
+reference, an argument of a ``cdef`` function none, and no temporary is kept, so each count
+below names every holder it expects. Each call is made holding what the loop always held (the
+tensor in a local, no temporary of its value or node). A count that came out high would only
+keep a buffer from being donated (a copy), never donate one that is read elsewhere.
 """
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_REFCNT
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 
 import jax
 import torch
 
 from ir_core import DeviceData, Value
-from ir_runtime import _donation, _metrics
+from ir_runtime import _collectives, _donation, _metrics
 from ir_runtime._data import put
 from ir_runtime._execute import place, same_sharding
 from ir_runtime._frontend.recording import _rng
@@ -42,6 +44,8 @@ cdef object _ARG = ARG, _STATE = STATE, _CONST = CONST, _HOSTREAD = HOSTREAD
 cdef object _HYPER = HYPER, _PGRAD = PGRAD, _OUT = OUT, _GRAD = GRAD, _HOST = HOST
 cdef object _DEVICE_DATA = DeviceData, _VALUE = Value, _LAZY = LazyTensor, _ARRAY = ArrayImpl
 cdef object _sole = _donation.sole, _refs = _donation.refs, _place = place
+cdef bint _COUNTS = _donation.CALIBRATION.trusted  # (else the Python rule: _sole, _refs)
+cdef list _IN_FLIGHT = _collectives._IN_FLIGHT, _LAST = _collectives._LAST
 cdef object _same = same_sharding
 cdef object _count = _metrics.count, _next_step = _rng.next_step, _write_through = write_through
 cdef object _grad_enabled = torch.is_grad_enabled
@@ -113,13 +117,13 @@ def read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
             t = alive(x)
             if t is None:
                 return miss(unreadable(kind, x, None, shape))
-            shared = donated and not _sole(t, 0)
+            shared = donated and not sole(t, 0)
             node = t._ir.node
         elif kind is _PGRAD:  # (a guard saw p alive, its .grad a lazy tensor)
             t = x().grad
             # The step may drop p.grad (zero_grad()) without rebinding it: its buffer is
             # donated only if nothing but p.grad holds the tensor (the local t; p.grad).
-            shared = donated and not (_refs(t) == 2 and _sole(t, 0))
+            shared = donated and not (_held_by(t, 2) and sole(t, 0))
             node = t._ir.node
         elif kind is _ARG:
             leaf = leaves[x]
@@ -127,7 +131,7 @@ def read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
                 _count("TransferToDevice")
                 arrays.append(put(host_numpy(leaf), sharding))
                 continue
-            shared = donated and not _sole(leaf, 1)  # (replayable_args holds its node)
+            shared = donated and not sole(leaf, 1)  # (replayable_args holds its node)
             node = replayable_args[x]
         else:  # RNG: drawn last, once nothing can send the call back to tracing
             rng = len(arrays)
@@ -204,6 +208,31 @@ def bind(plan, tuple writes, raw, leaves):
         if scheduler is not None:
             scheduler.step()
     return outputs
+
+
+cdef bint _held_by(object t, Py_ssize_t n) except -1:
+    """Whether exactly ``n`` references hold ``t``, the caller's local among them (``_refs``:
+    the caller holds it in a local, and this argument holds none)."""
+    if _COUNTS:
+        return Py_REFCNT(t) == n
+    return _refs(t) == n
+
+
+cpdef bint sole(object t, Py_ssize_t extra) except -1:
+    """``_donation.sole(t, extra)``: whether the lazy tensor ``t`` alone holds its data (its
+    value, that value's node, the node's array), ``extra`` references to the node being the
+    caller's own. The same rule, each count naming its holders."""
+    if not _COUNTS:
+        return _sole(t, extra)
+    v = t._ir
+    if Py_REFCNT(v) != 2:  # the tensor's slot; the local v
+        return False
+    n = v.node
+    if type(n) is not _DEVICE_DATA or Py_REFCNT(n) != 2 + extra:  # v's slot; the local n
+        return False
+    h = n.handle
+    # n's slot and the local h, besides the runtime's note of the last program's result
+    return Py_REFCNT(h) - 2 == (h is _IN_FLIGHT[0]) + (h is _LAST[0])
 
 
 cpdef object alive(object refs):
