@@ -8,7 +8,7 @@ kinds (a tensor's data, a lazy argument, a constant, a returned tensor, a tensor
 as C loops; the rare ones (a host tensor read afresh, a number lent to an optimizer, a host
 argument written back, a read that fails) call the same Python helpers the plan's tracing uses.
 
-Donation decides by reference counts: ``_donation.sole``'s rule, counted here in C (``_sole_c``)
+Donation decides by reference counts: ``_donation.sole``'s rule, counted here in C (``sole``)
 where the interpreter's counts are trusted (``_donation.CALIBRATION``; on a free-threaded build
 the Python rule is called instead). Cython's own references are exact: a local holds one
 reference, an argument of a ``cdef`` function none, and no temporary is kept, so each count
