@@ -64,6 +64,16 @@ def _pkg(session, name: str, extras: str = "") -> str:
     return f"{wheel}[{extras}]" if extras else wheel
 
 
+def _install(session, *requirements) -> None:
+    """``pip install`` the requirements, then this run's wheels among them once more, alone:
+    pip keeps an installed package of the same version, so an environment reused (``nox -r``)
+    would otherwise test an earlier run's build."""
+    session.install(*requirements)
+    ours = [r.split("[")[0] for r in requirements if r.startswith(_wheels_dir(session))]
+    if ours:
+        session.run("python", "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", *ours)
+
+
 def _ours(session, runtime: str = "", sharding: str = "") -> list:
     """The three packages' wheels, ir-runtime's and ir-sharding's with these extras."""
     return [
@@ -81,13 +91,13 @@ def _pytest(session, package, *args):
 @nox.session
 def core(session):
     """ir-core alone: no numpy, jax or torch."""
-    session.install(_pkg(session, "ir-core", "test"))
+    _install(session, _pkg(session, "ir-core", "test"))
     _pytest(session, CORE)
 
 
 @nox.session
 def sharding(session):
-    session.install(_pkg(session, "ir-core"), _pkg(session, "ir-sharding", "test"))
+    _install(session, _pkg(session, "ir-core"), _pkg(session, "ir-sharding", "test"))
     _pytest(session, SHARDING)
 
 
@@ -95,7 +105,7 @@ def sharding(session):
 def runtime(session):
     """ir-runtime's tests, then (without arguments, which narrow the first run only)
     ``opinfo_dynamo``'s in a process of their own, in the same environment."""
-    session.install(*_ours(session, "test"), TORCH)
+    _install(session, *_ours(session, "test"), TORCH)
     _pytest(session, RUNTIME, "--ignore=tests/test_opinfo_dynamo.py")
     if not session.posargs:
         session.run("pytest", "tests/test_opinfo_dynamo.py")
@@ -106,7 +116,7 @@ def opinfo_dynamo(session):
     """torch's OpInfo suite through torch.compile(backend="ir_runtime"): one sample per op,
     values and gradients against eager (Dynamo and AOTAutograd per op: a process of its own;
     ``runtime`` runs it too)."""
-    session.install(*_ours(session, "test"), TORCH)
+    _install(session, *_ours(session, "test"), TORCH)
     session.chdir(RUNTIME)
     session.run("pytest", "tests/test_opinfo_dynamo.py", *session.posargs)
 
@@ -118,7 +128,7 @@ def opinfo_all(session):
     CI runs the first three samples; the later ones carry the keyword arguments the first ones
     lack. Prints the totals; narrow it with pytest's arguments: ``nox -s opinfo_all -- -k conv``.
     """
-    session.install(*_ours(session, "test"), TORCH)
+    _install(session, *_ours(session, "test"), TORCH)
     session.chdir(RUNTIME)
     session.run(
         "pytest",
@@ -171,7 +181,8 @@ def torch_xla_suite(session):
     failure (``integration_tests/torch_xla_suite/conftest.py`` prints them by category). The
     graph-dump test runs apart, with the environment torch_xla's CI gives it; the linear-model
     training file in ``torch_xla_suite_training``. ``integration`` runs it too."""
-    session.install(
+    _install(
+        session,
         *_ours(session, "test"),
         TORCH,
         "rich",
@@ -193,7 +204,7 @@ def torch_xla_suite_training(session):
     """The 13th file of torch_xla's suite, ``test_train_spmd_linear_model.py`` (baseline,
     gradient checkpointing and gradient accumulation of a 141M-parameter model agree): not a
     default session, for CI's time."""
-    session.install(*_ours(session, "test"), TORCH)
+    _install(session, *_ours(session, "test"), TORCH)
     session.run(*_TORCH_XLA_PYTEST, "-q", TORCH_XLA_TRAINING, env={"CPU_NUM_DEVICES": "8"})
 
 
@@ -201,7 +212,8 @@ def torch_xla_suite_training(session):
 def integration(session):
     """The cross-package suite on transformers 5, then torch_xla's SPMD suite
     (``torch_xla_suite``) in the same environment."""
-    session.install(
+    _install(
+        session,
         *_ours(session, "checkpoint,test"),
         TORCH,
         "packaging",
@@ -218,7 +230,8 @@ def integration(session):
 def integration_transformers4(session):
     """The Hugging Face parts of the integration suite on transformers 4.57: training every
     model under compile_step, and generation (not a default session: new users get 5)."""
-    session.install(
+    _install(
+        session,
         *_ours(session, "checkpoint"),
         TORCH,
         TRANSFORMERS_4,
@@ -250,7 +263,8 @@ def lint(session):
 @nox.session
 def bench(session):
     """Benchmarks side by side with their peers; a table on stdout, JSON under .bench/."""
-    session.install(
+    _install(
+        session,
         *_ours(session, "checkpoint", sharding="jax"),
         TORCH,
         "xxhash>=3.4",
@@ -278,7 +292,8 @@ def bench(session):
 def demo(session):
     """The main job (see README.md): a small Llama learns Python's help texts, placed 2-D with
     PyTorch's own APIs over 8 CPU devices, checkpointed and resumed, next to torch eager."""
-    session.install(
+    _install(
+        session,
         *_ours(session, "checkpoint"),
         TORCH,
         TRANSFORMERS,
