@@ -15,8 +15,8 @@ import nox
 
 # What bare ``nox`` (and CI) runs; torch_xla's suite runs inside ``integration`` and the OpInfo
 # suite through torch.compile inside ``runtime`` (one install for both). Not default, for CI's
-# time: ``integration_transformers4`` (the Hugging Face
-# models on the older transformers line), ``opinfo_all``, ``torch_xla_suite_training``.
+# time: ``integration_transformers4`` (the Hugging Face models on the older transformers line),
+# ``opinfo_all``, ``torch_xla_suite_training``.
 nox.options.sessions = ["lint", "core", "sharding", "runtime", "integration"]
 nox.options.error_on_external_run = True
 
@@ -181,12 +181,7 @@ def torch_xla_suite(session):
     failure (``integration_tests/torch_xla_suite/conftest.py`` prints them by category). The
     graph-dump test runs apart, with the environment torch_xla's CI gives it; the linear-model
     training file in ``torch_xla_suite_training``. ``integration`` runs it too."""
-    _install(
-        session,
-        *_ours(session, "test"),
-        TORCH,
-        "rich",
-    )
+    _install(session, *_ours(session, "test"), TORCH, "rich")
     _torch_xla_suite(session)
 
 
@@ -292,11 +287,5 @@ def bench(session):
 def demo(session):
     """The main job (see README.md): a small Llama learns Python's help texts, placed 2-D with
     PyTorch's own APIs over 8 CPU devices, checkpointed and resumed, next to torch eager."""
-    _install(
-        session,
-        *_ours(session, "checkpoint"),
-        TORCH,
-        TRANSFORMERS,
-        "tqdm>=4.66",
-    )
+    _install(session, *_ours(session, "checkpoint"), TORCH, TRANSFORMERS, "tqdm>=4.66")
     session.run("python", "demo.py", *session.posargs)
