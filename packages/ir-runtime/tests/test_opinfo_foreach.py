@@ -31,10 +31,13 @@ DBS = (
     foreach_other_op_db,
 )
 OPS = [op for db in DBS for op in db if opinfo.DTYPE in op.supported_dtypes("cpu")]
-# The first samples of each op (CI's time), as test_opinfo.py; IR_RUNTIME_OPINFO_SAMPLES=all
-# runs every one (``IR_RUNTIME_OPINFO_SAMPLES=all pytest tests/test_opinfo_foreach.py``).
-_SAMPLES = os.environ.get("IR_RUNTIME_OPINFO_SAMPLES", "3")
-SAMPLES = None if _SAMPLES == "all" else int(_SAMPLES)
+# CI's time: every sample of each op over lists of four tensors (4x4 down to 1x1), a quarter of
+# the tensors the first three samples over torch's own lists (20 and 23 tensors) hold, and every
+# kind of right-hand operand (scalar, bool, 0-d tensor, int and float lists) where those first
+# three reach only some. ``IR_RUNTIME_OPINFO_SAMPLES=all pytest tests/test_opinfo_foreach.py``
+# runs every sample over torch's own lists; a number instead of ``all``, the first that many.
+_SAMPLES = os.environ.get("IR_RUNTIME_OPINFO_SAMPLES")
+TENSORS = 4  # per list, where IR_RUNTIME_OPINFO_SAMPLES is unset
 IN_PLACE = [op for op in OPS if op.inplace_variant is not None]
 
 
@@ -42,12 +45,23 @@ def test_the_databases_are_all_here():
     assert len(OPS) == 48 and len(IN_PLACE) == 44  # (torch 2.13's; fails loudly if they move)
 
 
-def _eager_refuses(op, sample) -> BaseException | None:
+def _samples(op, requires_grad: bool) -> list:
+    if _SAMPLES is not None:
+        return opinfo.samples_of(op, None if _SAMPLES == "all" else int(_SAMPLES), requires_grad)
+    torch.manual_seed(0)
+    return list(
+        op.sample_inputs(
+            "cpu", opinfo.DTYPE, requires_grad=requires_grad, num_input_tensors=[TENSORS]
+        )
+    )
+
+
+def _eager(op, sample):
+    """(eager's result, None), or (None, what eager raised)."""
     try:
-        op(sample.input, *sample.args, **sample.kwargs)
+        return op(sample.input, *sample.args, **sample.kwargs), None
     except Exception as e:
-        return e
-    return None
+        return None, e
 
 
 def _eager_gradients(sample, want) -> bool:
@@ -66,28 +80,43 @@ def _eager_gradients(sample, want) -> bool:
     return True
 
 
+def _record_all(op, todo) -> list:
+    """Each ``(sample, with gradients?)`` recorded, then computed by one step (one program per
+    op); where that fails, ``None`` for each: each sample is then computed on its own, which
+    tells which one fails."""
+    try:
+        runs = [opinfo._record(op, sample, with_grad) for sample, with_grad in todo]
+        irt.mark_step()
+    except Exception:
+        return [None] * len(todo)
+    return runs
+
+
 @pytest.mark.parametrize("op", OPS, ids=opinfo.op_id)
 def test_foreach_op_matches_eager(op):
     """Every sample: eager's values and input gradients, or refused where eager refuses it
     (a list of bool tensors to subtract)."""
     with_grad = op.supports_autograd
     (rtol, atol), (grad_rtol, grad_atol) = opinfo.tolerances(op, opinfo.DTYPE)
-    for sample in opinfo.samples_of(op, SAMPLES, requires_grad=with_grad):
-        refused = _eager_refuses(op, sample)
-        if refused is not None:
-            lazy = tree_map(opinfo._lazy, (sample.input, sample.args, sample.kwargs))
-            with pytest.raises(Exception) as e:
-                out = op(lazy[0], *lazy[1], **lazy[2])
-                tree_map(opinfo._host, out)  # (run: a lazy op may refuse when it runs)
-            assert type(e.value) is not AssertionError, refused
+    todo = []
+    for sample in _samples(op, with_grad):
+        want, refused = _eager(op, sample)
+        if refused is None:
+            todo.append((sample, with_grad and _eager_gradients(sample, want)))
             continue
+        lazy = tree_map(opinfo._lazy, (sample.input, sample.args, sample.kwargs))
+        with pytest.raises(Exception) as e:
+            out = op(lazy[0], *lazy[1], **lazy[2])
+            tree_map(opinfo._host, out)  # (run: a lazy op may refuse when it runs)
+        assert type(e.value) is not AssertionError, refused
+    for (sample, grads), run in zip(todo, _record_all(op, todo), strict=True):
         problem, _, got, args, kwargs, want, random = opinfo._values(
-            op, sample, rtol, atol, opinfo.DTYPE
+            op, sample, rtol, atol, opinfo.DTYPE, run
         )
         assert problem is None, problem
-        if with_grad and not random and _eager_gradients(sample, want):
+        if grads and not random:
             problem, _ = opinfo._grads(
-                op, sample, got, args, kwargs, want, grad_rtol, grad_atol, opinfo.DTYPE
+                op, sample, got, args, kwargs, want, grad_rtol, grad_atol, opinfo.DTYPE, run
             )
             assert problem is None, problem
 
@@ -101,7 +130,10 @@ def _copies(sample, convert):
 
 @pytest.mark.parametrize("op", IN_PLACE, ids=opinfo.op_id)
 def test_foreach_op_in_place_writes_eagers_values(op):
-    for sample in opinfo.samples_of(op, SAMPLES, requires_grad=False):
+    """Every sample eager takes written in place by one program, with eager's values; every
+    sample eager refuses refused."""
+    written = []
+    for sample in _samples(op, requires_grad=False):
         (x, args, kwargs), (lx, largs, lkwargs) = (
             _copies(sample, lambda t: t),
             _copies(sample, irt.to_lazy),
@@ -114,8 +146,11 @@ def test_foreach_op_in_place_writes_eagers_values(op):
                 irt.mark_step()
             assert type(e.value) is not AssertionError, eager_error
             continue
+        written.append((x, lx, largs, lkwargs))
+    for _, lx, largs, lkwargs in written:
         op.inplace_variant(lx, *largs, **lkwargs)
-        irt.mark_step()  # (one program writes them all)
+    irt.mark_step()  # (one program writes them all)
+    (rtol, atol), _ = opinfo.tolerances(op, opinfo.DTYPE)
+    for x, lx, _, _ in written:
         got = [irt.to_torch(t) for t in lx]
-        (rtol, atol), _ = opinfo.tolerances(op, opinfo.DTYPE)
         assert opinfo._same(got, x, rtol, atol, f"{op.name}_ written") is None
