@@ -98,9 +98,18 @@ def main():
     parser.add_argument("--uneven", action="store_true", help="process 1 runs 3 more steps")
     parser.add_argument("--compiled", action="store_true", help="the step as irt.compile_step")
     parser.add_argument("--loader", action="store_true", help="batches through ShardedLoader")
+    parser.add_argument(
+        "--runs",
+        default=None,
+        help="model/mode[+compiled][+loader],...: these runs one after another in the same "
+        "processes, each from an empty compile cache, written to --out with the prefix rK_",
+    )
     args = parser.parse_args()
     irt.init()
     print(f"process {irt.process_index()} of {irt.process_count()}, pid {os.getpid()}", flush=True)
+    if args.runs:
+        _runs(args.runs.split(","), args.out)
+        return
     steps = args.steps
     if args.uneven and irt.process_index() == 1:
         steps += 3
@@ -119,6 +128,25 @@ def main():
         arrays = {f"p{k}": p for k, p in enumerate(params)}
         replays = irt.metrics()["counters"].get("StepReplay", 0)
         np.savez(args.out, losses=np.array(losses), compiles=compiles, replays=replays, **arrays)
+
+
+def _runs(runs: list, out) -> None:
+    """Each run as its own launch would do it (a compile cache of its own), one npz for all."""
+    arrays = {}
+    for k, run in enumerate(runs):
+        name, *flags = run.split("+")
+        model, mode = name.split("/")
+        irt.CACHE.clear()
+        losses, params, compiles = train(
+            model, mode, compiled="compiled" in flags, loader="loader" in flags
+        )
+        print(f"run {k} {run}: compiles {compiles}", flush=True)
+        arrays.update({f"r{k}_p{j}": p for j, p in enumerate(params)})
+        arrays[f"r{k}_losses"] = np.array(losses)
+        arrays[f"r{k}_compiles"] = compiles
+        arrays[f"r{k}_replays"] = irt.metrics()["counters"].get("StepReplay", 0)
+    if out and irt.process_index() == 0:
+        np.savez(out, **arrays)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ No test here times the run with the wall clock: each one checks who noticed the 
 they reported (the launcher's message, a watchdog's error and exit status, the silence the
 watchdog itself measured). The only clocks are hang guards, far above what they guard."""
 
+import functools
 import os
 import re
 import signal
@@ -37,7 +38,7 @@ def launch(tmp_path, *script_args):
         [*cmd, SCRIPT, *script_args, "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=300,  # a hang guard: a run takes well under 30 s
+        timeout=300,  # a hang guard: a launch of every run below takes under a minute
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     # Each process's output comes back with its prefix.
@@ -45,46 +46,63 @@ def launch(tmp_path, *script_args):
     return np.load(out)
 
 
-@pytest.mark.parametrize(
-    "model, mode",
-    [
-        ("linear", "data"),
-        ("linear", "fsdp"),
-        ("linear", "megatron"),
-        ("cnn", "batch"),
-        ("cnn", "channels"),
-    ],
+# The runs below, in one launch: two processes start (and import torch and jax) once.
+RUNS = (
+    "linear/data",
+    "linear/fsdp",
+    "linear/megatron",
+    "cnn/batch",
+    "cnn/channels",
+    "linear/megatron+compiled",
+    "linear/fsdp+loader",
 )
-def test_two_processes_train_as_one(tmp_path, model, mode):
-    two = launch(tmp_path, "--model", model, "--mode", mode)
-    losses, params, _ = train(model, mode)  # this process: 8 devices, the whole batch
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Each run's results from the two processes, by run: ``{"losses", "compiles",
+    "replays", "p0", ...}``."""
+    out = launch(tmp_path_factory.mktemp("two"), "--runs", ",".join(RUNS))
+    return {
+        run: {key.split("_", 1)[1]: out[key] for key in out.files if key.startswith(f"r{k}_")}
+        for k, run in enumerate(RUNS)
+    }
+
+
+@functools.cache
+def one(model, mode):
+    """This process's run over 8 devices, the whole batch each step."""
+    return train(model, mode)
+
+
+def _same_run(two, model, mode):
+    losses, params, _ = one(model, mode)
     # The same program; only the order of the cross-process sums differs (gloo).
     np.testing.assert_allclose(two["losses"], losses, rtol=1e-5, atol=1e-7)
     for k, p in enumerate(params):
         np.testing.assert_allclose(two[f"p{k}"], p, rtol=1e-5, atol=1e-6)
-    assert int(two["compiles"]) == (1 if model == "linear" else 2)
 
 
-def test_two_processes_replay_a_compiled_step(tmp_path):
+@pytest.mark.parametrize("run", RUNS[:5])
+def test_two_processes_train_as_one(two, run):
+    _same_run(two[run], *run.split("/"))
+    assert int(two[run]["compiles"]) == (1 if run.startswith("linear") else 2)
+
+
+def test_two_processes_replay_a_compiled_step(two):
     """compile_step across processes: each process captures the step and replays it, in
     lockstep, with the numbers of the traced run in one process."""
-    two = launch(tmp_path, "--model", "linear", "--mode", "megatron", "--compiled")
-    losses, params, _ = train("linear", "megatron")
-    np.testing.assert_allclose(two["losses"], losses, rtol=1e-5, atol=1e-7)
-    for k, p in enumerate(params):
-        np.testing.assert_allclose(two[f"p{k}"], p, rtol=1e-5, atol=1e-6)
-    assert int(two["compiles"]) == 1 and int(two["replays"]) == len(losses) - 2
+    got = two["linear/megatron+compiled"]
+    _same_run(got, "linear", "megatron")
+    assert int(got["compiles"]) == 1 and int(got["replays"]) == len(got["losses"]) - 2
 
 
-def test_two_processes_feed_a_sharded_loader_their_own_rows(tmp_path):
+def test_two_processes_feed_a_sharded_loader_their_own_rows(two):
     """ShardedLoader across processes: each process loads and places only its own rows of
     every batch, and the run has the numbers of one process fed whole batches."""
-    two = launch(tmp_path, "--model", "linear", "--mode", "fsdp", "--loader")
-    losses, params, _ = train("linear", "fsdp")
-    np.testing.assert_allclose(two["losses"], losses, rtol=1e-5, atol=1e-7)
-    for k, p in enumerate(params):
-        np.testing.assert_allclose(two[f"p{k}"], p, rtol=1e-5, atol=1e-6)
-    assert int(two["compiles"]) == 1
+    got = two["linear/fsdp+loader"]
+    _same_run(got, "linear", "fsdp")
+    assert int(got["compiles"]) == 1
 
 
 def _start_reading(proc):
