@@ -426,16 +426,17 @@ def judge(name: str, outcome: Outcome, known, listed_in: str) -> None:
         assert outcome.values == "pass", f"{name}'s values fail too: {outcome.detail}"
 
 
-def _record_all(op, samples, with_grad: bool) -> list | None:
-    """Every sample recorded (values and gradients), then computed by one step: one program
-    per op, where a program per sample and per part would each compile. None when a sample
-    cannot be recorded or the step fails: each sample is then recorded and computed on its own,
-    its values before its gradients, which tells what failed."""
+def _record_all(op, todo) -> list | None:
+    """Every ``(sample, with gradients?)`` recorded (values, and gradients where asked), then
+    computed by one step: one program per op, where a program per sample and per part would
+    each compile. None when a sample cannot be recorded or the step fails: each sample is then
+    recorded and computed on its own, its values before its gradients, which tells what
+    failed."""
     runs = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            for sample in samples:
+            for sample, with_grad in todo:
                 runs.append(_record(op, sample, with_grad))
             irt.mark_step()
         except Exception:
@@ -456,7 +457,7 @@ def check(op, n_samples: int | None = 3, dtype=DTYPE) -> Outcome:
         return Outcome("raise", "raise" if with_grad else None, f"samples: {e!r}"[:300])
     if op.name in STORAGE_OPS:
         samples = [_contiguous(sample) for sample in samples]
-    runs = _record_all(op, samples, with_grad)
+    runs = _record_all(op, [(sample, with_grad) for sample in samples])
     for k, sample in enumerate(samples):
         run = runs[k] if runs is not None else None
         with warnings.catch_warnings():

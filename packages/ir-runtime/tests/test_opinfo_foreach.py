@@ -80,18 +80,6 @@ def _eager_gradients(sample, want) -> bool:
     return True
 
 
-def _record_all(op, todo) -> list:
-    """Each ``(sample, with gradients?)`` recorded, then computed by one step (one program per
-    op); where that fails, ``None`` for each: each sample is then computed on its own, which
-    tells which one fails."""
-    try:
-        runs = [opinfo._record(op, sample, with_grad) for sample, with_grad in todo]
-        irt.mark_step()
-    except Exception:
-        return [None] * len(todo)
-    return runs
-
-
 @pytest.mark.parametrize("op", OPS, ids=opinfo.op_id)
 def test_foreach_op_matches_eager(op):
     """Every sample: eager's values and input gradients, or refused where eager refuses it
@@ -109,7 +97,8 @@ def test_foreach_op_matches_eager(op):
             out = op(lazy[0], *lazy[1], **lazy[2])
             tree_map(opinfo._host, out)  # (run: a lazy op may refuse when it runs)
         assert type(e.value) is not AssertionError, refused
-    for (sample, grads), run in zip(todo, _record_all(op, todo), strict=True):
+    runs = opinfo._record_all(op, todo) or [None] * len(todo)  # (None: each on its own)
+    for (sample, grads), run in zip(todo, runs, strict=True):
         problem, _, got, args, kwargs, want, random = opinfo._values(
             op, sample, rtol, atol, opinfo.DTYPE, run
         )
