@@ -2,10 +2,13 @@
 
 import copy
 import gc
+import math
 import pickle
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ir_core import (
     DTYPES,
@@ -24,7 +27,7 @@ from ir_core import (
     graph_hash,
 )
 
-from graphs import Sharding
+from graphs import Sharding, attrs
 
 F32 = Shape("float32", (4, 8))
 
@@ -377,3 +380,51 @@ def test_origin_is_carried_but_never_hashed():
     moved = a.clone(origin=("eval.py", 7))
     assert moved.origin == ("eval.py", 7) and moved.node_hash == a.node_hash
     assert pickle.loads(pickle.dumps(a)).origin is None
+
+
+def _same(a, b):
+    """Equal value and type all the way down; a NaN equals a NaN, 0.0 differs from -0.0."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is tuple:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is float:
+        return (math.isnan(a) and math.isnan(b)) or (
+            a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+        )
+    return a == b
+
+
+@given(st.lists(attrs, min_size=1, max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_every_node_reads_back_its_own_attributes(many):
+    # Nodes whose attributes encode alike share one attribute tuple (a bounded cache); what each
+    # node reads back is still its own values, types and signs, cache hits and evictions alike.
+    nodes = [Generic("op", [], [F32], a) for a in many + many]
+    for node, a in zip(nodes, many + many, strict=True):
+        assert set(node.attrs) == set(a)
+        assert all(_same(node.attrs[k], a[k]) for k in a), (dict(node.attrs), a)
+
+
+def test_attributes_that_encode_alike_are_shared_and_those_that_differ_are_not():
+    first = Generic("op", [], [F32], {"eps": float("1e-12"), "k": (1, "a")})
+    again = Generic("other", [], [F32], {"k": (1, "a"), "eps": float("1e-12")})
+    assert again.attrs["eps"] is first.attrs["eps"]  # one tuple for both nodes
+    for a, b in [
+        ({"v": 0.0}, {"v": -0.0}),
+        ({"v": 1}, {"v": True}),
+        ({"v": 1}, {"v": 1.0}),
+        ({"v": "1"}, {"v": b"1"}),
+        ({"v": (1,)}, {"v": ((1,),)}),
+    ]:
+        x, y = Generic("op", [], [F32], a), Generic("op", [], [F32], b)
+        assert _same(x.attrs["v"], a["v"]) and _same(y.attrs["v"], b["v"])
+        assert x.node_hash != y.node_hash
+
+
+def test_thousands_of_distinct_attribute_sets_each_read_back():
+    # More distinct sets than the cache has slots: every slot is refilled, none is read stale.
+    nodes = [Generic("op", [], [F32], {"i": i, "s": str(i)}) for i in range(5000)]
+    assert all(n.attrs["i"] == i and n.attrs["s"] == str(i) for i, n in enumerate(nodes))
+    again = [Generic("op", [], [F32], {"i": i, "s": str(i)}) for i in range(5000)]
+    assert [n.node_hash for n in again] == [n.node_hash for n in nodes]

@@ -16,6 +16,7 @@ cdef extern from *:
         pass
 
     XXH128_hash_t XXH3_128bits(const void* data, size_t length) nogil
+    uint64_t XXH3_64bits(const void* data, size_t length) nogil
     XXH3_state_t* XXH3_createState() nogil
     void XXH3_freeState(XXH3_state_t* state) nogil
     int XXH3_128bits_reset(XXH3_state_t* state) nogil

@@ -14,15 +14,16 @@ from cpython.dict cimport PyDict_Next
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_Compare
 from libc.stdint cimport uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 from ir_core._canon cimport (
     XXH128_hash_t,
     XXH3_128bits,
+    XXH3_64bits,
     ir_put_hash,
     ir_put_len,
     ir_put_u64,
@@ -53,6 +54,33 @@ DTYPES = frozenset((
     "complex64", "complex128",
 ))
 cdef dict _DTYPE_INTERN = {name: name for name in DTYPES}
+
+
+cdef extern from *:
+    """
+    /* A str's UTF-8 bytes. An ASCII str (every op and attribute name in practice) is its own
+       UTF-8 encoding, stored inline: read it in place rather than through a call. */
+    static inline const char* ir_utf8(PyObject* s, Py_ssize_t* n) {
+        if (PyUnicode_IS_COMPACT_ASCII(s)) {
+            *n = PyUnicode_GET_LENGTH(s);
+            return (const char*)(((PyASCIIObject*)s) + 1);
+        }
+        return PyUnicode_AsUTF8AndSize(s, n);
+    }
+
+    /* Code-point order of two str, as PyUnicode_Compare gives it: <0, 0 or >0. Two ASCII str
+       compare as their bytes do. */
+    static inline int ir_str_cmp(PyObject* a, PyObject* b) {
+        if (PyUnicode_IS_COMPACT_ASCII(a) && PyUnicode_IS_COMPACT_ASCII(b)) {
+            Py_ssize_t na = PyUnicode_GET_LENGTH(a), nb = PyUnicode_GET_LENGTH(b);
+            int c = memcmp(((PyASCIIObject*)a) + 1, ((PyASCIIObject*)b) + 1, na < nb ? na : nb);
+            return c != 0 ? c : (na > nb) - (na < nb);
+        }
+        return PyUnicode_Compare(a, b);
+    }
+    """
+    const char* ir_utf8(object s, Py_ssize_t* n) except NULL
+    int ir_str_cmp(object a, object b) noexcept  # both are str: no error is possible
 
 cdef enum:
     INLINE_CAP = 512    # bytes encoded on the stack before the buffer moves to the heap
@@ -139,7 +167,7 @@ cdef inline int put_tag_len(Buf* b, char tag, Py_ssize_t n) except -1:
 
 cdef inline int put_str(Buf* b, str s) except -1:
     cdef Py_ssize_t n
-    cdef const char* p = PyUnicode_AsUTF8AndSize(s, &n)
+    cdef const char* p = ir_utf8(s, &n)
     put_tag_len(b, c's', n)
     return put_raw(b, p, n)
 
@@ -195,7 +223,8 @@ cdef int put_value(Buf* b, object v, int depth, object name, str op) except -1:
 
 
 cdef tuple put_attrs(Buf* b, object attrs, str op):
-    """Encode a mapping, keys in code-point order; return it as a flat (k0, v0, k1, v1, ...)."""
+    """Encode a mapping, keys in code-point order; return it as a flat (k0, v0, k1, v1, ...),
+    untracked by the cyclic GC (see _untracked)."""
     cdef dict src
     cdef Py_ssize_t n, k, j, pos = 0
     cdef PyObject* key
@@ -228,16 +257,60 @@ cdef tuple put_attrs(Buf* b, object attrs, str op):
         if type(<object>key) is not str:
             _bad_key(<object>key, op)
         j = k
-        while j > 0 and PyUnicode_Compare(<object>keys[j - 1], <object>key) > 0:
+        while j > 0 and ir_str_cmp(<object>keys[j - 1], <object>key) > 0:
             keys[j] = keys[j - 1]
             vals[j] = vals[j - 1]
             j -= 1
         keys[j] = key
         vals[j] = val
         k += 1
+    cdef Py_ssize_t start = b.size
+    for k in range(n):
+        put_str(b, <str>keys[k])
+        put_value(b, <object>vals[k], 0, <object>keys[k], op)
+    return _attrs_tuple(b.data + start, b.size - start, keys, vals, n)
+
+
+# Nodes whose attributes encode alike share one attribute tuple: the encoding determines every
+# value and its type (a NaN's payload aside, which no hash sees either), and graphs repeat a few
+# attribute sets (alpha=1, dim=-1, keepdim=False) over thousands of nodes. A direct-mapped
+# cache, bounded by its slot count; each slot keeps the encoding it was filled from, compared
+# byte for byte before a hit. Only the GIL's holder touches it.
+cdef enum:
+    ATTRS_SLOTS = 1024
+
+cdef struct AttrsSlot:
+    uint64_t h
+    PyObject* enc   # bytes, owned
+    PyObject* tup   # tuple, owned
+
+cdef AttrsSlot _attrs_cache[ATTRS_SLOTS]
+
+
+cdef tuple _attrs_tuple(const char* enc, Py_ssize_t size, PyObject** keys, PyObject** vals,
+                        Py_ssize_t n):
+    """The flat (k0, v0, k1, v1, ...) tuple of attributes encoded as ``enc[:size]``."""
+    cdef uint64_t h = XXH3_64bits(enc, size)
+    cdef AttrsSlot* slot = &_attrs_cache[h & (ATTRS_SLOTS - 1)]
+    cdef Py_ssize_t k
+    if (slot.enc != NULL and slot.h == h and PyBytes_GET_SIZE(<object>slot.enc) == size
+            and memcmp(PyBytes_AS_STRING(<object>slot.enc), enc, size) == 0):
+        return <tuple>slot.tup
     cdef tuple out = PyTuple_New(2 * n)
     for k in range(n):
-        _put_item(b, out, k, <object>keys[k], <object>vals[k], op)
+        Py_INCREF(<object>keys[k])
+        PyTuple_SET_ITEM(out, 2 * k, <object>keys[k])
+        Py_INCREF(<object>vals[k])
+        PyTuple_SET_ITEM(out, 2 * k + 1, <object>vals[k])
+    _untracked(out)
+    cdef bytes raw = enc[:size]
+    Py_XDECREF(slot.enc)
+    Py_XDECREF(slot.tup)
+    Py_INCREF(raw)
+    Py_INCREF(out)
+    slot.h = h
+    slot.enc = <PyObject*>raw
+    slot.tup = <PyObject*>out
     return out
 
 
@@ -246,7 +319,7 @@ cdef tuple _put_items(Buf* b, tuple items, str op):
     cdef tuple out = PyTuple_New(2 * n)
     for k in range(n):
         _put_item(b, out, k, items[k][0], items[k][1], op)
-    return out
+    return _untracked(out)
 
 
 cdef int _put_item(Buf* b, tuple out, Py_ssize_t k, str name, object value, str op) except -1:
@@ -287,7 +360,6 @@ cdef bytes _sharding_bytes(object sharding):
 
 
 cdef extern from "Python.h":
-    int PyObject_GC_IsTracked(object op)
     void PyObject_GC_UnTrack(void* op)
 
 
@@ -298,8 +370,7 @@ cdef inline tuple _untracked(tuple t):
     collector tracks, so such a tuple can never be part of a reference cycle. Untracking at once
     keeps the collector from rescanning every node's tuples while a large graph is being built.
     """
-    if PyObject_GC_IsTracked(t):
-        PyObject_GC_UnTrack(<void*>t)
+    PyObject_GC_UnTrack(<void*>t)  # a no-op for a tuple already untracked
     return t
 
 
@@ -629,13 +700,14 @@ cdef class Generic(Node):
         self._op = _check_op(op)
         self._operands = _untracked(_check_operands(operands, self._op))
         self._shapes = _untracked(_check_shapes(shapes, self._op))
-        self._sharding_bytes = _sharding_bytes(sharding)
-        self._sharding = sharding
+        if sharding is not None:  # else None already: both fields start as None
+            self._sharding_bytes = _sharding_bytes(sharding)
+            self._sharding = sharding
         self._origin = origin
         buf_init(&b)
         try:
             _put_head(&b, _GENERIC_PREFIX, self._op, self._shapes)
-            self._attrs = _untracked(put_attrs(&b, attrs, self._op))
+            self._attrs = put_attrs(&b, attrs, self._op)
             _seal(self, &b)
         finally:
             buf_free(&b)
