@@ -1,5 +1,6 @@
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,11 @@ _check.ALWAYS[0] = os.environ.setdefault("IR_RUNTIME_CHECK", "1") != "0"
 # Eight virtual CPU devices for every test in this process.
 ir_runtime.init(cpu_devices=8)
 
-LOWERED: set = set()  # every op whose lowering rule was looked up in this session
+# Every op whose lowering rule was looked up in this session, in every worker (pytest-xdist's
+# workers send theirs when they finish), and the test modules that ran.
+LOWERED: set = set()
+MODULES: set = set()
+DESELECTED = [0]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,34 +49,123 @@ def _one_device_order():
 
 
 def pytest_collection_modifyitems(items):
-    """The rule-coverage check runs after everything else."""
-    last = [item for item in items if item.fspath.basename == "test_rule_coverage.py"]
-    items[:] = [item for item in items if item not in last] + last
+    MODULES.update(Path(str(item.fspath)).stem for item in items)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The OpInfo totals and the length of the known-failure list, for each OpInfo suite that
-    ran (float32, bfloat16, the ops that take no float32)."""
-    for module, dtype, failures in (
-        ("test_opinfo", "float32", "KNOWN_FAILURES"),
-        ("test_opinfo_bf16", "bfloat16", "KNOWN_FAILURES"),
-        ("test_opinfo_other_dtypes", "ops without float32, in their own dtype", "KNOWN_FAILURES"),
-        ("test_opinfo_dynamo", "float32, torch.compile(backend='ir_runtime')", "KNOWN_FAILURES"),
-    ):
+def pytest_deselected(items):
+    DESELECTED[0] += len(items)
+
+
+# -- What a whole run checks at its end, over every worker's tests -------------------------------
+#
+# The suite runs in two processes under pytest-xdist (``nox -s runtime``: ``-n 2 --dist
+# loadfile``), so what it checks over all tests is checked once every worker has finished, in
+# the process that started them: each worker sends what it saw (pytest_sessionfinish), the
+# starting process merges it (pytest_testnodedown), then checks and reports it. A plain
+# ``pytest tests`` does the same in its one process.
+
+
+def _opinfo_totals() -> dict:
+    """Per OpInfo suite that ran here: its counts (summed over workers) and what is fixed."""
+    totals = {}
+    for module in OPINFO_SUITES:
         suite = sys.modules.get(module)
         if suite is None or not suite.OUTCOMES:
             continue
         outcomes = suite.OUTCOMES.values()
-        values = sum(o.values == "pass" for o in outcomes)
         with_grads = [o for o in outcomes if o.grads is not None]
-        grads = sum(o.grads == "pass" for o in with_grads)
-        known = getattr(suite, failures)
-        samples = "all" if suite.SAMPLES is None else suite.SAMPLES
-        nearer = sum(bool(o.nearer) for o in outcomes)
+        known = suite.KNOWN_FAILURES
+        totals[module] = {
+            "values": sum(o.values == "pass" for o in outcomes),
+            "ops": len(outcomes),
+            "grads": sum(o.grads == "pass" for o in with_grads),
+            "with_grads": len(with_grads),
+            "nearer": sum(bool(o.nearer) for o in outcomes),
+            "samples": "all" if suite.SAMPLES is None else suite.SAMPLES,
+            "known": len(known),
+            "known_values": sum(p == "values" for p, _ in known.values()),
+            "known_grads": sum(p == "gradients" for p, _ in known.values()),
+        }
+    return totals
+
+
+OPINFO_SUITES = {
+    "test_opinfo": "float32",
+    "test_opinfo_bf16": "bfloat16",
+    "test_opinfo_other_dtypes": "ops without float32, in their own dtype",
+    "test_opinfo_dynamo": "float32, torch.compile(backend='ir_runtime')",
+}
+_MERGED: dict = {"opinfo": {}, "coverage": None}
+_SUMMED = ("values", "ops", "grads", "with_grads", "nearer")
+
+
+def _merge_opinfo(totals: dict) -> None:
+    for module, t in totals.items():
+        into = _MERGED["opinfo"].setdefault(module, dict(t, **dict.fromkeys(_SUMMED, 0)))
+        for key in _SUMMED:
+            into[key] += t[key]
+
+
+def pytest_testnodedown(node, error):
+    """(pytest-xdist, in the starting process) A worker finished: merge what it saw."""
+    out = getattr(node, "workeroutput", None) or {}
+    LOWERED.update(out.get("lowered", ()))
+    MODULES.update(out.get("modules", ()))
+    DESELECTED[0] = max(DESELECTED[0], out.get("deselected", 0))  # (each collects them all)
+    _merge_opinfo(out.get("opinfo", {}))
+
+
+def _rule_coverage() -> str | None:
+    """None when every lowering rule was looked up in some test; else what is missing. Checked
+    only when the whole suite ran: every module but test_opinfo_dynamo (whose ops are
+    test_opinfo's too), nothing deselected."""
+    modules = {p.stem for p in Path(__file__).parent.glob("test_*.py")} - {"test_opinfo_dynamo"}
+    if not modules <= MODULES or DESELECTED[0]:
+        return None
+    unchecked = sorted(set(ir_runtime.RULES) - LOWERED)
+    if not unchecked:
+        return f"rule coverage: each of the {len(ir_runtime.RULES)} lowering rules ran in a test"
+    return (
+        f"rule coverage FAILED: {len(unchecked)} lowering rules run in no test (add a check "
+        f"against eager, e.g. to test_rules.OUTSIDE_OPINFO): {unchecked}"
+    )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if hasattr(config, "workeroutput"):  # a pytest-xdist worker: send what it saw
+        config.workeroutput["lowered"] = sorted(LOWERED)
+        config.workeroutput["modules"] = sorted(MODULES)
+        config.workeroutput["deselected"] = DESELECTED[0]
+        config.workeroutput["opinfo"] = _opinfo_totals()
+        return
+    if not hasattr(config, "workerinput"):  # (not a worker: a plain run, or xdist's start)
+        if not getattr(config.option, "numprocesses", None):
+            _merge_opinfo(_opinfo_totals())
+        coverage = None if config.option.collectonly else _rule_coverage()
+        _MERGED["coverage"] = coverage
+        if coverage is not None and "FAILED" in coverage:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The OpInfo totals and the length of the known-failure list, for each OpInfo suite that
+    ran (float32, bfloat16, the ops that take no float32); the rule coverage of a whole run."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return
+    for module, dtype in OPINFO_SUITES.items():
+        t = _MERGED["opinfo"].get(module)
+        if t is None:
+            continue
         terminalreporter.write_line(
-            f"OpInfo ({dtype}, {samples} samples): values {values} / {len(outcomes)}, values "
-            f"and gradients {grads} / {len(with_grads)}; known failures: {len(known)} "
-            f"({sum(p == 'values' for p, _ in known.values())} values, "
-            f"{sum(p == 'gradients' for p, _ in known.values())} gradients only)"
-            + (f"; {nearer} nearer float64 than eager where they differ" if nearer else "")
+            f"OpInfo ({dtype}, {t['samples']} samples): values {t['values']} / {t['ops']}, "
+            f"values and gradients {t['grads']} / {t['with_grads']}; known failures: "
+            f"{t['known']} ({t['known_values']} values, {t['known_grads']} gradients only)"
+            + (
+                f"; {t['nearer']} nearer float64 than eager where they differ"
+                if t["nearer"]
+                else ""
+            )
         )
+    if _MERGED["coverage"] is not None:
+        terminalreporter.write_line(_MERGED["coverage"], red="FAILED" in _MERGED["coverage"])

@@ -6,8 +6,8 @@ and only by raising: a wrong value fails the run whatever the list says. The lis
 shrinks: an op on it that passes fails the run until its entry is removed. The run ends with
 the totals and the length of the list (``conftest.py``'s summary).
 
-``test_rule_coverage.py`` checks the other direction: every lowering rule registered runs in
-some test against eager, these samples or another module's.
+The end of a whole run checks the other direction (``conftest.py``): every lowering rule
+registered runs in some test against eager, these samples or another module's.
 """
 
 from __future__ import annotations

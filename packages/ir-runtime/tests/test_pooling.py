@@ -375,7 +375,7 @@ def test_fractional_max_pool3d_gradient():
         (F.lp_pool2d, (6, 6), 2, None, False),
         (F.lp_pool3d, (5, 6, 4), 2, (2, 1, 2), True),
     ],
-    ids=str,
+    ids=lambda v: getattr(v, "__name__", str(v)),  # (ids alike in every process: no address)
 )
 def test_lp_pool(fn, spatial, k, s, ceil_mode, norm_type):
     x = rnd(2, 3, *spatial).abs() + 0.5  # positive: pow(1/p) is differentiable everywhere
