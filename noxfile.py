@@ -97,7 +97,7 @@ def _pytest(session, package, *args):
     """pytest on the package's tests, or on the files its arguments name (``nox -s runtime --
     tests/test_cache.py``)."""
     session.chdir(package)
-    named = any(os.path.exists(a.split("::")[0]) for a in session.posargs if a[:1] != "-")
+    named = any(a.startswith("tests") and os.path.exists(a.split("::")[0]) for a in session.posargs)
     session.run("pytest", *([] if named else ["tests"]), *args, *session.posargs)
 
 

@@ -428,3 +428,14 @@ def test_thousands_of_distinct_attribute_sets_each_read_back():
     assert all(n.attrs["i"] == i and n.attrs["s"] == str(i) for i, n in enumerate(nodes))
     again = [Generic("op", [], [F32], {"i": i, "s": str(i)}) for i in range(5000)]
     assert [n.node_hash for n in again] == [n.node_hash for n in nodes]
+
+
+def test_a_large_attribute_set_is_not_kept_by_the_shared_cache():
+    # Beyond 256 bytes of encoding a node keeps its own tuple: the cache never holds a large
+    # value alive after its graph is gone.
+    small = [Generic("op", [], [F32], {"v": bytes(range(100))}) for _ in range(2)]
+    large = [Generic("op", [], [F32], {"v": bytes(300)}) for _ in range(2)]
+    assert small[0].attrs["v"] is small[1].attrs["v"]
+    assert large[0].attrs["v"] is not large[1].attrs["v"]
+    assert large[0].attrs["v"] == large[1].attrs["v"] == bytes(300)
+    assert large[0].node_hash == large[1].node_hash

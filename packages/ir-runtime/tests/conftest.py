@@ -106,8 +106,11 @@ def _merge_opinfo(totals: dict) -> None:
             into[key] += t[key]
 
 
+@pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist's: absent in a plain run)
 def pytest_testnodedown(node, error):
     """(pytest-xdist, in the starting process) A worker finished: merge what it saw."""
+    if error is not None:  # (a worker that crashed sent nothing: the run is not whole)
+        WORKER_DIED[0] = True
     out = getattr(node, "workeroutput", None) or {}
     LOWERED.update(out.get("lowered", ()))
     MODULES.update(out.get("modules", ()))
@@ -115,13 +118,33 @@ def pytest_testnodedown(node, error):
     _merge_opinfo(out.get("opinfo", {}))
 
 
-def _rule_coverage() -> str | None:
-    """None when every lowering rule was looked up in some test; else what is missing. Checked
-    only when the whole suite ran: every module but test_opinfo_dynamo (whose ops are
-    test_opinfo's too), nothing deselected."""
+WORKER_DIED = [False]
+
+
+def _rule_coverage(session, exitstatus) -> str | None:
+    """None when the run was not the whole suite run to its end; else whether every lowering
+    rule was looked up in some test. The whole suite: every module but test_opinfo_dynamo
+    (whose ops are test_opinfo's too) ran, nothing deselected, no stop before the end (``-x``,
+    an interrupt, a worker lost)."""
+    ended = (
+        exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+        and not session.shouldstop
+        and not session.shouldfail
+        and not WORKER_DIED[0]
+    )
+    if session.config.option.collectonly or "test_rule_coverage" not in MODULES:
+        return None  # (a run of some files, not of the suite)
     modules = {p.stem for p in Path(__file__).parent.glob("test_*.py")} - {"test_opinfo_dynamo"}
-    if not modules <= MODULES or DESELECTED[0]:
-        return None
+    missing = sorted(modules - MODULES)
+    if missing or DESELECTED[0] or not ended:
+        why = (
+            "not the whole suite"
+            if not missing
+            else f"no test ran in {missing}"
+            if len(missing) <= 5
+            else f"{len(modules) - len(missing)} of {len(modules)} modules ran"
+        )
+        return f"rule coverage: not checked ({why})"
     unchecked = sorted(set(ir_runtime.RULES) - LOWERED)
     if not unchecked:
         return f"rule coverage: each of the {len(ir_runtime.RULES)} lowering rules ran in a test"
@@ -139,13 +162,11 @@ def pytest_sessionfinish(session, exitstatus):
         config.workeroutput["deselected"] = DESELECTED[0]
         config.workeroutput["opinfo"] = _opinfo_totals()
         return
-    if not hasattr(config, "workerinput"):  # (not a worker: a plain run, or xdist's start)
-        if not getattr(config.option, "numprocesses", None):
-            _merge_opinfo(_opinfo_totals())
-        coverage = None if config.option.collectonly else _rule_coverage()
-        _MERGED["coverage"] = coverage
-        if coverage is not None and "FAILED" in coverage:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if not getattr(config.option, "numprocesses", None):  # a plain run: its own totals
+        _merge_opinfo(_opinfo_totals())
+    coverage = _MERGED["coverage"] = _rule_coverage(session, exitstatus)
+    if coverage is not None and "FAILED" in coverage and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -272,12 +272,14 @@ cdef tuple put_attrs(Buf* b, object attrs, str op):
 
 
 # Nodes whose attributes encode alike share one attribute tuple: the encoding determines every
-# value and its type (a NaN's payload aside, which no hash sees either), and graphs repeat a few
-# attribute sets (alpha=1, dim=-1, keepdim=False) over thousands of nodes. A direct-mapped
-# cache, bounded by its slot count; each slot keeps the encoding it was filled from, compared
-# byte for byte before a hit. Only the GIL's holder touches it.
+# value and its type (a NaN's sign and payload aside, which no hash sees either), and graphs
+# repeat a few attribute sets (alpha=1, dim=-1, keepdim=False) over thousands of nodes. A
+# direct-mapped cache, bounded by its slot count and by the size of what a slot may hold (a
+# larger encoding is not cached: its tuple is the node's own); each slot keeps the encoding it
+# was filled from, compared byte for byte before a hit. Only the GIL's holder touches it.
 cdef enum:
     ATTRS_SLOTS = 1024
+    ATTRS_CACHED_MAX = 256  # bytes of encoding
 
 cdef struct AttrsSlot:
     uint64_t h
@@ -290,12 +292,15 @@ cdef AttrsSlot _attrs_cache[ATTRS_SLOTS]
 cdef tuple _attrs_tuple(const char* enc, Py_ssize_t size, PyObject** keys, PyObject** vals,
                         Py_ssize_t n):
     """The flat (k0, v0, k1, v1, ...) tuple of attributes encoded as ``enc[:size]``."""
-    cdef uint64_t h = XXH3_64bits(enc, size)
-    cdef AttrsSlot* slot = &_attrs_cache[h & (ATTRS_SLOTS - 1)]
+    cdef uint64_t h = 0
+    cdef AttrsSlot* slot = NULL
     cdef Py_ssize_t k
-    if (slot.enc != NULL and slot.h == h and PyBytes_GET_SIZE(<object>slot.enc) == size
-            and memcmp(PyBytes_AS_STRING(<object>slot.enc), enc, size) == 0):
-        return <tuple>slot.tup
+    if size <= ATTRS_CACHED_MAX:
+        h = XXH3_64bits(enc, size)
+        slot = &_attrs_cache[h & (ATTRS_SLOTS - 1)]
+        if (slot.enc != NULL and slot.h == h and PyBytes_GET_SIZE(<object>slot.enc) == size
+                and memcmp(PyBytes_AS_STRING(<object>slot.enc), enc, size) == 0):
+            return <tuple>slot.tup
     cdef tuple out = PyTuple_New(2 * n)
     for k in range(n):
         Py_INCREF(<object>keys[k])
@@ -303,14 +308,18 @@ cdef tuple _attrs_tuple(const char* enc, Py_ssize_t size, PyObject** keys, PyObj
         Py_INCREF(<object>vals[k])
         PyTuple_SET_ITEM(out, 2 * k + 1, <object>vals[k])
     _untracked(out)
+    if slot == NULL:
+        return out
     cdef bytes raw = enc[:size]
-    Py_XDECREF(slot.enc)
-    Py_XDECREF(slot.tup)
+    cdef PyObject* old_enc = slot.enc
+    cdef PyObject* old_tup = slot.tup
     Py_INCREF(raw)
     Py_INCREF(out)
     slot.h = h
     slot.enc = <PyObject*>raw
     slot.tup = <PyObject*>out
+    Py_XDECREF(old_enc)  # (last: freeing them runs no code that could see the slot half-set)
+    Py_XDECREF(old_tup)
     return out
 
 
