@@ -87,8 +87,8 @@ def _workers(dist: str = "loadfile") -> list:
     """pytest-xdist's arguments: the larger suites run in two or more worker processes (up to
     4, one per core), whole files to a worker (``dist``: or test by test, for one large file).
     XLA compiles most of their time, each program on one core: two workers took ir-runtime's
-    suite from 1,281 to 898 s on a 2-core machine, the integration suite from 512
-    to 401 s. ``-n 0`` among a session's arguments runs them in one process."""
+    suite from 1,281 to 898 s on a 2-core machine, the integration suite from 512 to 401 s.
+    ``-n 0`` among a session's arguments runs them in one process."""
     n = min(4, len(os.sched_getaffinity(0)))
     return ["-n", str(n), "--dist", dist] if n > 1 else []
 

@@ -21,6 +21,7 @@ ir_runtime.init(cpu_devices=8)
 LOWERED: set = set()
 MODULES: set = set()
 DESELECTED = [0]
+WORKER_DIED = [False]  # (a worker that crashed sent nothing: the run is not whole)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -65,8 +66,19 @@ def pytest_deselected(items):
 # ``pytest tests`` does the same in its one process.
 
 
+OPINFO_SUITES = {
+    "test_opinfo": "float32",
+    "test_opinfo_bf16": "bfloat16",
+    "test_opinfo_other_dtypes": "ops without float32, in their own dtype",
+    "test_opinfo_dynamo": "float32, torch.compile(backend='ir_runtime')",
+}
+_MERGED: dict = {"opinfo": {}, "coverage": None}  # (failed?, line) once the run ends
+_SUMMED = ("values", "ops", "grads", "with_grads", "nearer")
+
+
 def _opinfo_totals() -> dict:
-    """Per OpInfo suite that ran here: its counts (summed over workers) and what is fixed."""
+    """Per OpInfo suite that ran in this process: its counts (which _merge_opinfo sums over
+    workers) and what every worker has alike (samples, the known-failure list)."""
     totals = {}
     for module in OPINFO_SUITES:
         suite = sys.modules.get(module)
@@ -89,16 +101,6 @@ def _opinfo_totals() -> dict:
     return totals
 
 
-OPINFO_SUITES = {
-    "test_opinfo": "float32",
-    "test_opinfo_bf16": "bfloat16",
-    "test_opinfo_other_dtypes": "ops without float32, in their own dtype",
-    "test_opinfo_dynamo": "float32, torch.compile(backend='ir_runtime')",
-}
-_MERGED: dict = {"opinfo": {}, "coverage": None}
-_SUMMED = ("values", "ops", "grads", "with_grads", "nearer")
-
-
 def _merge_opinfo(totals: dict) -> None:
     for module, t in totals.items():
         into = _MERGED["opinfo"].setdefault(module, dict(t, **dict.fromkeys(_SUMMED, 0)))
@@ -109,7 +111,7 @@ def _merge_opinfo(totals: dict) -> None:
 @pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist's: absent in a plain run)
 def pytest_testnodedown(node, error):
     """(pytest-xdist, in the starting process) A worker finished: merge what it saw."""
-    if error is not None:  # (a worker that crashed sent nothing: the run is not whole)
+    if error is not None:
         WORKER_DIED[0] = True
     out = getattr(node, "workeroutput", None) or {}
     LOWERED.update(out.get("lowered", ()))
@@ -118,10 +120,7 @@ def pytest_testnodedown(node, error):
     _merge_opinfo(out.get("opinfo", {}))
 
 
-WORKER_DIED = [False]
-
-
-def _rule_coverage(session, exitstatus) -> str | None:
+def _rule_coverage(session, exitstatus) -> tuple[bool, str] | None:
     """None when the run was not the whole suite run to its end; else whether every lowering
     rule was looked up in some test. The whole suite: every module but test_opinfo_dynamo
     (whose ops are test_opinfo's too) ran, nothing deselected, no stop before the end (``-x``,
@@ -144,11 +143,12 @@ def _rule_coverage(session, exitstatus) -> str | None:
             if len(missing) <= 5
             else f"{len(modules) - len(missing)} of {len(modules)} modules ran"
         )
-        return f"rule coverage: not checked ({why})"
+        return False, f"rule coverage: not checked ({why})"
     unchecked = sorted(set(ir_runtime.RULES) - LOWERED)
     if not unchecked:
-        return f"rule coverage: each of the {len(ir_runtime.RULES)} lowering rules ran in a test"
-    return (
+        rules = len(ir_runtime.RULES)
+        return False, f"rule coverage: each of the {rules} lowering rules ran in a test"
+    return True, (
         f"rule coverage FAILED: {len(unchecked)} lowering rules run in no test (add a check "
         f"against eager, e.g. to test_rules.OUTSIDE_OPINFO): {unchecked}"
     )
@@ -165,7 +165,7 @@ def pytest_sessionfinish(session, exitstatus):
     if not getattr(config.option, "numprocesses", None):  # a plain run: its own totals
         _merge_opinfo(_opinfo_totals())
     coverage = _MERGED["coverage"] = _rule_coverage(session, exitstatus)
-    if coverage is not None and "FAILED" in coverage and session.exitstatus == 0:
+    if coverage is not None and coverage[0] and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -189,4 +189,5 @@ def pytest_terminal_summary(terminalreporter):
             )
         )
     if _MERGED["coverage"] is not None:
-        terminalreporter.write_line(_MERGED["coverage"], red="FAILED" in _MERGED["coverage"])
+        failed, line = _MERGED["coverage"]
+        terminalreporter.write_line(line, red=failed)

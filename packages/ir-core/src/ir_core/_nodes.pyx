@@ -324,21 +324,11 @@ cdef tuple _attrs_tuple(const char* enc, Py_ssize_t size, PyObject** keys, PyObj
 
 
 cdef tuple _put_items(Buf* b, tuple items, str op):
-    cdef Py_ssize_t k, n = len(items)
-    cdef tuple out = PyTuple_New(2 * n)
-    for k in range(n):
-        _put_item(b, out, k, items[k][0], items[k][1], op)
-    return _untracked(out)
-
-
-cdef int _put_item(Buf* b, tuple out, Py_ssize_t k, str name, object value, str op) except -1:
-    put_str(b, name)
-    put_value(b, value, 0, name, op)
-    Py_INCREF(name)
-    PyTuple_SET_ITEM(out, 2 * k, name)
-    Py_INCREF(value)
-    PyTuple_SET_ITEM(out, 2 * k + 1, value)
-    return 0
+    """More attributes than the C arrays hold: ``items`` sorted by name, encoded, flattened."""
+    for name, value in items:
+        put_str(b, name)
+        put_value(b, value, 0, name, op)
+    return _untracked(tuple([x for item in items for x in item]))
 
 
 cdef int _bad_key(object key, str op) except -1:
