@@ -262,6 +262,7 @@ def lint(session):
         f"{CORE}/src/ir_core/{name}"
         for name in ("_nodes.pyx", "_nodes.pxd", "_graph.pyx", "_canon.pxd")
     ] + [
+        f"{RUNTIME}/src/ir_runtime/_launch.pyx",
         f"{RUNTIME}/src/ir_runtime/_frontend/recording/_fast.pyx",
         f"{RUNTIME}/src/ir_runtime/_frontend/steps/_hot.pyx",
     ]

@@ -1,10 +1,10 @@
 """A compiled program: XLA's executable for one graph, launched with its parameters' buffers.
 
 ``Executable(graph, donate, order, fingerprint)`` lowers the graph (``_lower``) and compiles
-it; ``run(arrays)`` launches it under the one-collective-in-flight rule (``_collectives``) and
-returns one array per root; ``results`` wraps them as ``DeviceData``. The cache that keeps
-executables is ``_cache``; placing the parameters and running a graph end to end is
-``_execute``.
+it; ``run(arrays)`` launches it under the one-collective-in-flight rule (``_collectives``; in
+C, ``_launch``) and returns one array per root; ``results`` wraps them as ``DeviceData``. The
+cache that keeps executables is ``_cache``; placing the parameters and running a graph end to
+end is ``_execute``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from ir_core import DeviceData, Shape
-from ir_runtime import _collectives, _distributed, _metrics, _profile, _runtime_checks
+from ir_runtime import _launch, _metrics, _profile
 from ir_runtime._errors import CompileError
 from ir_runtime._lower import lowered
 from ir_runtime._memory import check_fits
@@ -20,8 +20,7 @@ from ir_runtime._placement import spec_from_jax
 
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
-
-LAST_RUN: list = [None]  # the Executable that ran last
+LAST_RUN = _launch.LAST_RUN  # the Executable that ran last
 
 
 def memory_of(compiled) -> dict | None:
@@ -86,6 +85,7 @@ class Executable:
         self.has_collectives = any(c in text for c in _COLLECTIVES)
         self.sync = self.has_collectives and self.program.devices[0].platform == "cpu"
         self.num_nodes = len(g.order)
+        self.call = None  # what ``run`` calls: jax's fast callable, once the first call made it
 
     def _roots_order(self, outs):
         u = self._unorder
@@ -102,25 +102,5 @@ class Executable:
             for shape, a, spec in zip(self.out_shapes, outs, self.out_specs, strict=True)
         ]
 
-    def run(self, arrays: list) -> list:
-        start = time.perf_counter()
-        LAST_RUN[0] = self
-        if self.sync:
-            _collectives.settle()
-        try:
-            if _profile.ACTIVE[0]:
-                with _profile.span("ir_runtime.execute"):
-                    outs = self.compiled(*arrays)
-            else:
-                outs = self.compiled(*arrays)
-        except Exception as e:
-            raise _distributed.device_failure(e, "the program") from e
-        if self.checks is not None:
-            outs, flags = outs[:-1], outs[-1]
-        if self._unorder is not None:
-            outs = [outs[j] for j in self._unorder]
-        _collectives.launched(outs, self.sync)
-        _metrics.executed(time.perf_counter() - start, len(self.donate))
-        if self.checks:
-            _runtime_checks.verify(self.checks, flags)
-        return outs
+    # ``run(arrays)``: launch the program (``_launch``: in C, every replay's path).
+    run = _launch.run

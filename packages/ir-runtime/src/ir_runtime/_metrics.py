@@ -9,6 +9,9 @@ from contextlib import contextmanager
 _lock = threading.Lock()
 _counters: dict[str, int] = {}
 _timers: dict[str, list[float]] = {}  # name -> [count, total seconds, max seconds, last]
+# What folds counts kept elsewhere into these tables before they are read, its lock held:
+# ``flush(counters, timers)`` (``_launch`` counts executions in C, off the hot path's locks).
+FLUSH: list = []
 
 COUNTERS = (
     "CompileCount",  # XLA compiles (in-memory cache misses)
@@ -58,17 +61,6 @@ def transferred(nbytes: int, seconds: float) -> None:
         _record("TransferToDeviceTime", seconds)
 
 
-def executed(seconds: float, donated: int) -> None:
-    """A program ran: ``ExecuteTime`` and ``ExecuteCount``, and ``DonatedBuffers`` when it took
-    buffers over (one lock for all three: a replay's hot path)."""
-    with _lock:
-        _record("ExecuteTime", seconds)
-        _counters["ExecuteCount"] = _counters.get("ExecuteCount", 0) + 1
-        if donated:
-            _counters["DonatedBuffers"] = _counters.get("DonatedBuffers", 0) + donated
-            _record("InputOutputAliasCount", donated)
-
-
 @contextmanager
 def timed(name: str):
     start = time.perf_counter()
@@ -84,6 +76,7 @@ def metrics() -> dict:
     Timers give count, total, mean, max and last (seconds; ``GraphNodes`` in nodes).
     """
     with _lock:
+        _flush()
         counters = {name: _counters.get(name, 0) for name in COUNTERS}
         counters.update({k: v for k, v in _counters.items() if k not in counters})
         timers = {
@@ -116,7 +109,13 @@ def metrics_report() -> str:
 def reset_metrics(counters: bool = True, timers: bool = True) -> None:
     """Clear the counters and the timers (either alone: torch_xla clears them apart)."""
     with _lock:
+        _flush()
         if counters:
             _counters.clear()
         if timers:
             _timers.clear()
+
+
+def _flush() -> None:
+    for flush in FLUSH:
+        flush(_counters, _timers)

@@ -28,7 +28,8 @@ from libc.math cimport copysign
 
 import torch
 
-from ir_core import Generic, Value
+from ir_core import DeviceData, Generic, Value
+from ir_runtime._frontend.recording._convert import DEVICE, IR_TO_TORCH
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
@@ -68,6 +69,7 @@ SPECIAL = frozenset((0.0, 1.0, -1.0, 2.0, 0.5))
 
 cdef object MAKE = torch.Tensor._make_wrapper_subclass
 cdef object GENERIC = Generic
+cdef object DEVICE_DATA = DeviceData
 cdef object VALUE = Value
 cdef object _MISSING = MISSING
 cdef frozenset _FLOATS = FLOATS
@@ -321,6 +323,44 @@ cdef inline int track_(object t) except -1:
 def track(t):
     """Register a new lazy tensor among the live ones (weakly)."""
     track_(t)
+
+
+# -- a lazy tensor made, and bound to data (LazyTensor.__new__ and _bind: a replay's results) --
+
+cdef dict MAKE_KWARGS = {}  # (ir-core dtype, requires_grad) -> _make_wrapper_subclass's keywords
+
+
+def new(cls, value, requires_grad=False):
+    """``LazyTensor.__new__``: a lazy tensor whose value is ``value``, registered among the live
+    ones; holding data when ``value`` is a ``DeviceData``'s."""
+    s = value.shape
+    key = (s.dtype, bool(requires_grad))
+    cdef PyObject* p = PyDict_GetItemWithError(MAKE_KWARGS, key)
+    if p is NULL:
+        kwargs = {"dtype": IR_TO_TORCH[s.dtype], "device": DEVICE}
+        if requires_grad:
+            kwargs["requires_grad"] = True
+        MAKE_KWARGS[key] = kwargs
+    else:
+        kwargs = <object>p
+    t = PyObject_Call(MAKE, (cls, s.dims), kwargs)
+    t._ir = value
+    node = value.node
+    if type(node) is DEVICE_DATA:
+        t._placed = node.sharding
+        t._held = id(node)
+    track_(t)
+    return t
+
+
+def bind(t, data):
+    """``LazyTensor._bind``: the tensor now holds ``data`` (a step's result, or data placed
+    for it), placed as that data is, its buffer one a step may take over (``_held``)."""
+    t._ir = VALUE(data, 0)
+    t._placed = data.sharding
+    t._held = id(data)
+    if "_order" in t.__dict__:  # (_device_orders' note of the value before)
+        del t._order
 
 
 cdef inline bint is_plain(object v):

@@ -25,14 +25,12 @@ import torch
 from ir_core import DeviceData, Value
 from ir_runtime._errors import UnsupportedOpError
 from ir_runtime._frontend.recording import _convert, _fast
-from ir_runtime._frontend.recording._convert import IR_TO_TORCH, host_numpy, shape_of
+from ir_runtime._frontend.recording._convert import host_numpy, shape_of
 from ir_runtime._graph import REPLICATED
 from ir_runtime._placement import note_order
 
-_make = torch.Tensor._make_wrapper_subclass
 DATA = torch._C.TensorBase.data  # torch's own .data descriptor
 _ref = weakref.ref
-_track = _fast.track
 # Every lazy tensor, in creation order (weak references, out of the cyclic collector's sight:
 # see _fast), so mark_step finds the live ones with pending work in the same order every step:
 # a program's outputs are in that order.
@@ -56,21 +54,9 @@ class LazyTensor(torch.Tensor):
     # buffer of (_donation.Donor): only ever compared with the ids of nodes alive in that step
     _held = 0
 
-    @staticmethod
-    def __new__(cls, value: Value, requires_grad: bool = False):
-        s = value.shape
-        if requires_grad:
-            t = _make(
-                cls, s.dims, dtype=IR_TO_TORCH[s.dtype], device=_convert.DEVICE, requires_grad=True
-            )
-        else:  # tracing's case: one keyword fewer to parse
-            t = _make(cls, s.dims, dtype=IR_TO_TORCH[s.dtype], device=_convert.DEVICE)
-        t._ir = value
-        if type(value.node) is DeviceData:
-            t._placed = value.node.sharding
-            t._held = id(value.node)
-        _track(t)
-        return t
+    # ``LazyTensor(value, requires_grad=False)``: a tensor whose value is ``value``, registered
+    # among the live ones (``_fast.new``, in C: a replay makes its returned tensors so).
+    __new__ = staticmethod(_fast.new)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -172,13 +158,9 @@ class LazyTensor(torch.Tensor):
         if "_order" in self.__dict__:
             del self._order
 
-    def _bind(self, data: DeviceData) -> None:
-        """The tensor now holds ``data`` (a step's result, or data placed for it)."""
-        self._ir = Value(data)
-        self._placed = data.sharding
-        self._held = id(data)
-        if "_order" in self.__dict__:
-            del self._order
+    # ``_bind(data)``: the tensor now holds ``data`` (a step's result, or data placed for it)
+    # (``_fast.bind``, in C: a replay binds every tensor it writes so).
+    _bind = _fast.bind
 
     def _annotate(self, spec) -> None:
         """The user's sharding for this tensor (None: none)."""

@@ -58,7 +58,7 @@ import warnings
 from ir_core import DeviceData
 from ir_runtime import _metrics, _profile
 from ir_runtime._frontend.recording._tensor import LazyTensor
-from ir_runtime._frontend.steps import _step
+from ir_runtime._frontend.steps import _hot, _step
 from ir_runtime._frontend.steps._hot import call_key
 from ir_runtime._frontend.steps._replay import (
     Miss,
@@ -161,6 +161,10 @@ class CompiledStep:
         return key in self._replay and self._failures.get(key, 0) < 2
 
     def __call__(self, *args, **kwargs):
+        if not kwargs:  # the usual call, positional: replayed in C when its key has a plan
+            out = _hot.call(self, args)
+            if out is not _hot.SLOW:
+                return out
         leaves = args
         if kwargs:
             leaves = None
@@ -172,7 +176,7 @@ class CompiledStep:
         if leaves is None:
             leaves = []
             structure = flatten((args, kwargs), leaves)
-        else:  # the common case: positional tensors and values
+        else:  # positional tensors and values
             structure = flat(len(args))
         key = call_key(structure, leaves)
         last, self._key = self._key, key
@@ -180,44 +184,29 @@ class CompiledStep:
         if plans is None and last is not None and last != key and last in self._last:
             self.last_guard_failure = _new_signature(last, key)
         if plans is not None:
-            if _profile.ACTIVE[0]:
-                with _profile.span("ir_runtime.replay"):
-                    out = self._run(plans, leaves)
-            else:
-                out = self._run(plans, leaves)
+            with _profile.span("ir_runtime.replay"):
+                out = _hot.run_plans(plans, leaves)
             if type(out) is not Miss:
-                if self._failures:  # (the usual replay has none to forget: no key to hash)
-                    self._failures.pop(key, None)
+                self._failures.pop(key, None)
                 return out
-            self.last_guard_failure = out.why
-            self._parked[key] = self._replay.pop(key)
-            _metrics.count("StepGuardFailed")
-            failures = self._failures[key] = self._failures.get(key, 0) + 1
-            if failures == 2:  # again, right after a trace re-enabled the replay
-                self._warn(
-                    f"a guard fails call after call (the last: {out.why}); make that "
-                    f"value the same on every call, or pass it as an argument",
-                    once="guard",
-                    stacklevel=3,
-                )
-            return self._trace(key, leaves, structure, missed=True)
+            return self._missed(key, leaves, structure, out)
         return self._trace(key, leaves, structure)
 
-    @staticmethod
-    def _run(plans: list, leaves: list):
-        """Replay the first of ``plans`` whose guards hold (moved to the front), or the ``Miss``
-        of the first."""
-        first = None
-        nodes = _data_nodes(leaves)
-        for i, plan in enumerate(plans):
-            out = plan.replay(leaves, nodes)
-            if type(out) is not Miss:
-                if i:
-                    plans.insert(0, plans.pop(i))
-                return out
-            if first is None:
-                first = out
-        return first
+    def _missed(self, key, leaves, structure, miss: Miss):
+        """No plan of ``key`` replays (``miss`` says why its first does not): set them aside,
+        and trace the call."""
+        self.last_guard_failure = miss.why
+        self._parked[key] = self._replay.pop(key)
+        _metrics.count("StepGuardFailed")
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        if failures == 2:  # again, right after a trace re-enabled the replay
+            self._warn(
+                f"a guard fails call after call (the last: {miss.why}); make that value the "
+                f"same on every call, or pass it as an argument",
+                once="guard",
+                stacklevel=4,
+            )
+        return self._trace(key, leaves, structure, missed=True)
 
     def _trace(self, key, leaves: list, structure, missed: bool = False):
         """Trace the call; ``missed``: its replays' guards failed (what changed, a learning
@@ -305,3 +294,6 @@ def compile_step(fn=None):
 
 
 __all__ = ["CaptureWarning", "CompiledStep", "compile_step"]
+
+
+_hot.configure_step(data_nodes_=_data_nodes)

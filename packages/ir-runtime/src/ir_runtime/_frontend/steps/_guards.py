@@ -218,6 +218,7 @@ class OptimizerGuard(Guard):
         )
 
     holds = _hot.optimizer_holds  # (the check every replay makes, in C)
+    all_hold = staticmethod(_hot.optimizers_hold)
 
     def why(self) -> str:
         name = f"optimizer {self.kind}"
@@ -275,6 +276,7 @@ class ModuleGuard(Guard):
         self.children = tuple((k, _weak(v)) for k, v in m._modules.items())
 
     holds = _hot.module_holds  # (the check every replay makes, in C)
+    all_hold = staticmethod(_hot.modules_hold)
 
     def why(self) -> str:
         m = self.ref()

@@ -1,12 +1,19 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""A compiled step's replay in C: the call's argument key, the program's inputs read from the
-tensors' current data, and its results bound where the traced call put them.
+"""A compiled step's replay in C: from the call (``call``: its argument key, its plans) through
+the guards, the program's inputs read from the tensors' current data and the launch, to its
+results bound where the traced call put them, without a Python frame of its own.
+
+Why in C: on a machine whose cores XLA's device threads share with the host, the host's work
+between two programs finds its caches cold, so what it costs is the code and data it touches
+more than the instructions it runs: each Python function a replay called cost microseconds
+there. The first calls, a miss and a recorded profile take ``_capture``'s Python path.
 
 ``_replay.Replay`` owns the plan: it zips its sources and bindings with what the executable says
-of each once (``_reads``, ``_writes``) and hands those tables here on every replay. The common
-kinds (a tensor's data, a lazy argument, a constant, a returned tensor, a tensor's new data) run
-as C loops; the rare ones (a host tensor read afresh, a number lent to an optimizer, a host
-argument written back, a read that fails) call the same Python helpers the plan's tracing uses.
+of each once (``_read_table``, ``_write_table``) and hands those tables here on every replay.
+The common kinds (a tensor's data, a lazy argument, a constant, a number lent to an optimizer
+and unchanged, a returned tensor, a tensor's new data) run as C loops; the rare ones (a host
+tensor read afresh, a number that changed, a host argument written back, a read that fails)
+call the same Python helpers the plan's tracing uses.
 
 Donation decides by reference counts: ``_donation.sole``'s rule, counted here in C (``sole``)
 where the interpreter's counts are trusted (``_donation.CALIBRATION``; on a free-threaded build
@@ -18,15 +25,16 @@ keep a buffer from being donated (a copy), never donate one that is read elsewhe
 """
 from cpython.ref cimport Py_INCREF, Py_REFCNT
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from libc.math cimport signbit
 
 import jax
 import torch
 
 from ir_core import DeviceData, Value
-from ir_runtime import _collectives, _donation, _metrics
+from ir_runtime import _collectives, _donation, _launch, _metrics, _profile
 from ir_runtime._data import put
 from ir_runtime._execute import place, same_sharding
-from ir_runtime._frontend.recording import _rng
+from ir_runtime._frontend.recording import _fast, _rng
 from ir_runtime._frontend.recording._convert import host_numpy
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.recording._views import write_through
@@ -49,6 +57,14 @@ cdef list _IN_FLIGHT = _collectives._IN_FLIGHT, _LAST = _collectives._LAST
 cdef object _same = same_sharding
 cdef object _count = _metrics.count, _next_step = _rng.next_step, _write_through = write_through
 cdef object _grad_enabled = torch.is_grad_enabled
+cdef object _launch_run = _launch.run
+cdef object _new = _fast.new, _bind_data = _fast.bind  # LazyTensor(value), t._bind(data)
+cdef list _ACTIVE = _profile.ACTIVE
+cdef tuple _NESTED = (tuple, list, dict)  # arguments ``_replay.flatten`` takes apart
+
+SLOW = object()  # ``call``'s answer for a call it leaves to the Python path
+cdef object _SLOW = SLOW
+cdef long long _replays = 0  # replays since the metrics were last read (``flush``)
 
 # The plan's Python helpers for what the loops leave to Python (``_replay`` sets them).
 cdef object miss = None        # why -> a Miss
@@ -56,12 +72,122 @@ cdef object unreadable = None  # (kind, x, node, shape) -> why the data cannot b
 cdef object moved = None       # (kind, x, shape, now, traced) -> why it is placed otherwise
 cdef object read_host = None   # (plan, kind, x, shape, sharding, k) -> an array, or a Miss
 cdef object write_host = None  # (host tensor, DeviceData) -> None: the result copied into it
+cdef object first_failure = None  # guards -> why the first that fails does
+cdef object unflatten = None   # (structure, leaves) -> the return value
+cdef object flat = None        # n -> the structure of n positional leaves
+cdef object steps = None       # the _step module (mark_step)
+cdef object data_nodes = None  # _capture._data_nodes: the arguments' nodes, pending work run
 
 
-def configure(*, miss_, unreadable_, moved_, read_host_, write_host_):
-    global miss, unreadable, moved, read_host, write_host
+def configure(*, miss_, unreadable_, moved_, read_host_, write_host_, first_failure_,
+              unflatten_, flat_, steps_):
+    global miss, unreadable, moved, read_host, write_host, first_failure, unflatten, flat, steps
     miss, unreadable, moved = miss_, unreadable_, moved_
     read_host, write_host = read_host_, write_host_
+    first_failure, unflatten, flat, steps = first_failure_, unflatten_, flat_, steps_
+
+
+def configure_step(*, data_nodes_):
+    global data_nodes
+    data_nodes = data_nodes_
+
+
+def call(step, tuple args):
+    """``CompiledStep.__call__`` for positional arguments, none a tuple, list or dict: its
+    key's plans replayed; ``SLOW`` when the call is not replayed here (no plan for its key, or a
+    profile recorded), which the Python path then takes from the start: nothing here changed
+    anything."""
+    for a in args:
+        if isinstance(a, _NESTED):
+            return _SLOW
+    if _ACTIVE[0]:
+        return _SLOW
+    structure = flat(len(args))
+    key = call_key(structure, args)
+    plans = step._replay.get(key)
+    if plans is None:
+        return _SLOW
+    step._key = key
+    out = run_plans(plans, args)
+    if type(out) is miss:
+        return step._missed(key, args, structure, out)
+    failures = step._failures
+    if failures:  # (the usual replay has none to forget: no key to hash)
+        failures.pop(key, None)
+    return out
+
+
+cpdef object run_plans(list plans, leaves):
+    """The first of ``plans`` whose guards hold, replayed (and moved to the front), or the
+    ``Miss`` of the first."""
+    nodes = _nodes(leaves)
+    first = None
+    cdef Py_ssize_t i
+    for i in range(len(plans)):
+        out = replay(plans[i], leaves, nodes)
+        if type(out) is not miss:
+            if i:
+                plans.insert(0, plans.pop(i))
+            return out
+        if first is None:
+            first = out
+    return first
+
+
+cdef list _nodes(leaves):
+    """``_capture._data_nodes``: each argument's data node (None for a host value); that
+    Python function, which runs it first, when one holds pending work. No local outlives it
+    holding a node: a replay counts who references an argument's data."""
+    cdef list nodes = []
+    for leaf in leaves:
+        if isinstance(leaf, _LAZY):
+            n = leaf._ir.node
+            if type(n) is not _DEVICE_DATA:
+                n = nodes = None
+                return data_nodes(leaves)
+            nodes.append(n)
+        else:
+            nodes.append(None)
+    return nodes
+
+
+def replay(plan, leaves, list nodes):
+    """``Replay.replay``: run the step on the current data (its return value), or a ``Miss``
+    when a guard says to trace it. ``nodes``: each argument's data node (``_nodes``)."""
+    for run in <tuple>plan.checks:
+        if not (<tuple>run)[0]((<tuple>run)[1]):
+            return miss(first_failure((<tuple>run)[2]))
+    reads = plan._reads
+    if reads is None:
+        reads = plan._read_table()
+    arrays = read_inputs(plan, reads, leaves, nodes, False)
+    if arrays is None:
+        steps.mark_step()  # (nothing placed so far is kept: read them all again)
+        arrays = read_inputs(plan, reads, leaves, nodes, True)
+    if type(arrays) is miss:
+        return arrays
+    exe = plan.exe
+    if exe.checks is not None:  # a failed program check comes once the results are bound
+        return plan._checked(exe, arrays, leaves)
+    writes = plan._writes
+    if writes is None:
+        writes = plan._write_table()
+    outputs = bind(plan, writes, _launch_run(exe, arrays), leaves)
+    structure = plan.structure
+    if structure is None:  # one leaf (a step's usual return: its loss)
+        return outputs[0]
+    return unflatten(structure, outputs)
+
+
+def flush(dict counters, dict timers):
+    """Fold the replays counted since the metrics were last read into ``_metrics``' tables."""
+    global _replays
+    if _replays:
+        counters["StepReplay"] = counters.get("StepReplay", 0) + _replays
+        _replays = 0
+
+
+_metrics.FLUSH.append(flush)
 
 
 cdef object _leaf_key(Py_ssize_t k, object x):
@@ -94,8 +220,8 @@ def call_key(structure, leaves):
     return key
 
 
-def read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
-    """``Replay._inputs``: the program's arguments; a ``Miss`` when one cannot be read as
+cpdef object read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
+    """The program's arguments (``replay``); a ``Miss`` when one cannot be read as
     traced; None when a tensor it reads holds pending work and ``ran`` is False (the caller
     runs it, then reads them all again, holding nothing read so far)."""
     cdef list arrays = []
@@ -108,9 +234,11 @@ def read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
             arrays.append(x)
             continue
         if kind is _HOSTREAD or kind is _HYPER:
-            got = read_host(plan, kind, x, shape, sharding, len(arrays))
-            if type(got) is miss:
-                return got
+            got = _number(plan, x, len(arrays)) if kind is _HYPER else None
+            if got is None:
+                got = read_host(plan, kind, x, shape, sharding, len(arrays))
+                if type(got) is miss:
+                    return got
             arrays.append(got)
             continue
         if kind is _STATE:
@@ -143,8 +271,9 @@ def read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
             return miss(unreadable(kind, x, node, shape))
         if node.shape != shape:
             return miss(unreadable(kind, x, node, shape))
-        if node.sharding != spec:  # (placed anew since: mark_sharding, a placement)
-            return miss(moved(kind, x, shape, node.sharding, spec))
+        held = node.sharding  # (identical in the steady state: ``Replay._write_table``)
+        if held is not spec and held != spec:  # (placed anew since: mark_sharding, a placement)
+            return miss(moved(kind, x, shape, held, spec))
         if shared:  # donated, yet still read elsewhere: the program takes a copy
             if copies is None:
                 copies = []
@@ -167,32 +296,53 @@ def read_inputs(plan, tuple reads, leaves, list replayable_args, bint ran):
     return arrays
 
 
-def bind(plan, tuple writes, raw, leaves):
-    """``Replay._bind``: bind the step's results where the traced call put them; its outputs."""
+cdef object _number(plan, tuple where, Py_ssize_t k):
+    """``Replay._number``'s common case: the number ``where`` names in its optimizer's group
+    (``(optimizer reference, group index, key, index in a tuple or None, dtype)``) is the float
+    the last replay placed, sign included: that array. None otherwise (``read_host`` places
+    it)."""
+    ref, gi, key, j, _ = where
+    v = ref().param_groups[gi][key]  # (its optimizer's guard saw it alive)
+    if j is not None:
+        v = v[j]
+    last = plan._numbers.get(k)
+    if last is None or type(v) is not float:
+        return None
+    was = (<tuple>last)[0]
+    if type(was) is not float or <double>v != <double>was:
+        return None
+    if (signbit(<double>v) != 0) != (signbit(<double>was) != 0):
+        return None
+    return (<tuple>last)[1]
+
+
+cpdef list bind(plan, tuple writes, raw, leaves):
+    """Bind the step's results where the traced call put them; its outputs (``replay``)."""
+    global _replays
     cdef list outputs = list(plan.statics)
     for item in writes:
         kind, x, shape, spec, k = <tuple>item
         data = _DEVICE_DATA(shape, raw[k], spec)  # as exe.results makes it, for the bound only
         if kind is _OUT:
-            outputs[x] = _LAZY(_VALUE(data))
+            outputs[x] = _new(_LAZY, _VALUE(data))
         elif kind is _STATE:
             t = x()
             if t is not None:
-                t._bind(data)
+                _bind_data(t, data)
                 if t._views:  # views taken outside the step follow it, as in eager
                     _write_through(t)
         elif kind is _GRAD:
             t = x()
             if t is not None:
-                t.grad = _LAZY(_VALUE(data))
+                t.grad = _new(_LAZY, _VALUE(data))
         elif kind is _PGRAD:  # written in place: whichever tensor p.grad is (guarded)
             t = x().grad
-            t._bind(data)
+            _bind_data(t, data)
             if t._views:
                 _write_through(t)
         elif kind is _ARG:  # the caller's lazy tensor, written by the step
             t = leaves[x]
-            t._bind(data)
+            _bind_data(t, data)
             if t._views:
                 _write_through(t)
         elif kind is _HOST:
@@ -202,7 +352,7 @@ def bind(plan, tuple writes, raw, leaves):
         if t is not None:
             t.grad = None
     _next_step()
-    _count("StepReplay")
+    _replays += 1
     for ref in plan.schedulers:  # (a scheduler freed since: nothing can step it)
         scheduler = ref()
         if scheduler is not None:
@@ -264,7 +414,23 @@ def configure_guards(*, none, tensor, number, tensor_key, number_key):
     _tensor_key, _number_key = tensor_key, number_key
 
 
-def optimizer_holds(guard):
+def optimizers_hold(tuple packed):
+    """``OptimizerGuard.all_hold``: ``optimizer_holds`` of each."""
+    for guard in packed:
+        if not optimizer_holds(guard):
+            return False
+    return True
+
+
+def modules_hold(tuple packed):
+    """``ModuleGuard.all_hold``: ``module_holds`` of each."""
+    for guard in packed:
+        if not module_holds(guard):
+            return False
+    return True
+
+
+cpdef bint optimizer_holds(guard) except -1:
     """``OptimizerGuard.holds``: the optimizer alive, its state table the same and as large,
     each group's parameter list and size, and each hyperparameter as traced."""
     opt = guard.ref()
@@ -295,7 +461,7 @@ def optimizer_holds(guard):
     return True
 
 
-def module_holds(guard):
+cpdef bint module_holds(guard) except -1:
     """``ModuleGuard.holds``: the module alive, in the same mode, with the same parameters
     (each requiring grad as traced), buffers and submodules."""
     m = guard.ref()

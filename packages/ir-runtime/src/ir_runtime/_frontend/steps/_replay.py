@@ -217,52 +217,46 @@ class Replay:
         # False: equal all the same (``other``, replayed, has its own guards).
         return not grads or _grad_facts(self.guards) == _grad_facts(other.guards)
 
-    def replay(self, leaves: list, replayable_args: list):
-        """Run the step on the current data, or a ``Miss`` when a guard says to trace it."""
-        for all_hold, packed, guards in self.checks:
-            if not all_hold(packed):
-                return Miss(first_failure(guards))
-        arrays = self._inputs(leaves, replayable_args)
-        if type(arrays) is Miss:
-            return arrays
-        exe = self.exe
-        if exe.checks is None:
-            outputs = self._bind(exe, exe.run(arrays), leaves)
-        else:
-            with _runtime_checks.deferred():  # a failed program check comes once bound
-                outputs = self._bind(exe, exe.run(arrays), leaves)
-        return unflatten(self.structure, outputs)
+    # ``replay(leaves, nodes)``: run the step on the current data, or a ``Miss`` when a guard
+    # says to trace it (``_hot``: the guards, then ``_read_table``'s inputs read from the
+    # tensors' current data, the program, and ``_write_table``'s results bound).
+    replay = _hot.replay
 
-    def _bind(self, exe, raw, leaves: list) -> list:
-        """Bind the step's results where the traced call put them; its outputs (``_hot``)."""
-        writes = self._writes
-        if writes is None:
-            writes = self._writes = tuple(
-                (kind, x, exe.out_shapes[k], exe.out_specs[k], k) for kind, x, k in self.bindings
-            )
-        return _hot.bind(self, writes, raw, leaves)
-
-    def _inputs(self, leaves: list, replayable_args: list):
-        """The program's arguments, from the current data of the tensors it reads; a ``Miss``
-        when one of them is gone or holds no data of the shape traced (the last guard). Pending
-        work on a tensor it reads (``zero_grad(set_to_none=False)`` or ``w.clamp_()`` outside
-        the step) is run first, by one ``mark_step``, as a traced call would run it (``_hot``
-        reads them)."""
-        reads = self._reads
-        if reads is None:
+    def _read_table(self) -> tuple:
+        """Where each program parameter is read from, zipped with what the executable says of
+        it (its sharding, whether donated), made on the first replay. Pending work on a tensor
+        it reads (``zero_grad(set_to_none=False)`` or ``w.clamp_()`` outside the step) is run
+        first, by one ``mark_step``, as a traced call would run it (``_hot.read_inputs``)."""
+        if self._reads is None:
             donated = set(self.exe.donate)
             carried = self._carried()
-            reads = self._reads = tuple(
+            self._reads = tuple(
                 (kind, x, shape, carried.get(k, sharding), k in donated, spec)
                 for k, ((kind, x), shape, sharding, spec) in enumerate(
                     zip(self.sources, self.shapes, self.exe.in_shardings, self.specs, strict=True)
                 )
             )
-        arrays = _hot.read_inputs(self, reads, leaves, replayable_args, False)
-        if arrays is None:
-            _step.mark_step()  # (nothing placed so far is kept: read them all again)
-            arrays = _hot.read_inputs(self, reads, leaves, replayable_args, True)
-        return arrays
+        return self._reads
+
+    def _write_table(self) -> tuple:
+        """Where each result binds, zipped with its shape and placement, made on the first
+        replay (``_hot.bind``)."""
+        if self._writes is None:
+            exe = self.exe
+            # A result's placement as the very object the next replay compares it with (the
+            # parameter's it feeds): equal placements, one identity check.
+            same = {spec: spec for spec in self.specs if spec is not None}
+            self._writes = tuple(
+                (kind, x, exe.out_shapes[k], same.get(exe.out_specs[k], exe.out_specs[k]), k)
+                for kind, x, k in self.bindings
+            )
+        return self._writes
+
+    def _checked(self, exe, arrays: list, leaves):
+        """The replay of a checked program: a failed check comes once the results are bound."""
+        with _runtime_checks.deferred():
+            outputs = _hot.bind(self, self._write_table(), exe.run(arrays), leaves)
+        return unflatten(self.structure, outputs)
 
     def _carried(self) -> dict:
         """Parameter -> the sharding object its array will carry, where the step rebinds the
@@ -328,4 +322,8 @@ _hot.configure(
     moved_=_moved,
     read_host_=Replay._read_host,
     write_host_=write_host,
+    first_failure_=first_failure,
+    unflatten_=unflatten,
+    flat_=flat,
+    steps_=_step,
 )

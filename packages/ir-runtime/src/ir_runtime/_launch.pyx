@@ -1,0 +1,125 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Launching a compiled program, in C: ``Executable.run``.
+
+Every program the runtime runs goes through ``run``: a compiled step's replay calls it for each
+step, so it runs no Python of its own. On a machine whose cores the device threads share with
+the host (XLA's CPU devices), the host's work between two programs finds its caches cold, and
+each Python function or lock it touches costs microseconds. So what an execution adds to the
+metrics (``ExecuteCount``, ``ExecuteTime``, ``DonatedBuffers``, ``InputOutputAliasCount``) is
+counted here in C and folded into ``_metrics`` when they are read (``flush``, registered there),
+and jax's executable is called through the callable its ``Compiled.__call__`` forwards to.
+"""
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from ir_runtime import _collectives, _distributed, _metrics, _profile, _runtime_checks
+
+LAST_RUN: list = [None]  # the Executable that ran last
+
+cdef list _LAST_RUN = LAST_RUN
+cdef list _IN_FLIGHT = _collectives._IN_FLIGHT, _LAST = _collectives._LAST
+cdef list _ACTIVE = _profile.ACTIVE
+cdef object _STATE = _distributed.STATE
+cdef object _settle = _collectives.settle, _failure = _distributed.device_failure
+cdef object _span = _profile.span, _verify = _runtime_checks.verify
+
+# Executions since the metrics were last read: count, seconds (total, max, last), and of those
+# that took buffers over, their count and buffers (total, max, last).
+cdef long long _runs = 0, _donating = 0, _donated = 0, _donated_max = 0, _donated_last = 0
+cdef double _total = 0.0, _max = 0.0, _last = 0.0
+
+
+cdef inline double _now():
+    """``time.perf_counter()``: the same clock, read without a call into Python."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+def run(exe, arrays):
+    """``Executable.run``: launch ``exe`` on ``arrays`` (one per parameter) under the
+    one-collective-in-flight rule; one array per root, in the roots' order. A checked program's
+    flags are verified (``_runtime_checks``)."""
+    global _runs, _total, _max, _last, _donating, _donated, _donated_max, _donated_last
+    cdef double start = _now(), seconds
+    cdef long long donated
+    _LAST_RUN[0] = exe
+    sync = exe.sync
+    if sync and _IN_FLIGHT[0] is not None:
+        _settle()
+    try:
+        if _ACTIVE[0]:
+            with _span("ir_runtime.execute"):
+                outs = exe.compiled(*arrays)
+        else:
+            call = exe.call
+            if call is None:  # jax makes its fast callable on the first call
+                outs = exe.compiled(*arrays)
+                exe.call = _fast_call(exe.compiled)
+            else:
+                outs = call(*arrays)
+    except Exception as e:
+        raise _failure(e, "the program") from e
+    checks = exe.checks
+    if checks is not None:  # (the flags come last; no negative index here: wraparound=False)
+        n = len(outs) - 1
+        outs, flags = outs[:n], outs[n]
+    unorder = exe._unorder
+    if unorder is not None:
+        outs = [outs[j] for j in unorder]
+    if outs:  # (the one-collective-in-flight rule: the next collective program waits for it)
+        _LAST[0] = outs[0]
+        if sync:
+            _IN_FLIGHT[0] = outs[0]
+    _STATE.launched += 1
+    seconds = _now() - start
+    _runs += 1
+    _total += seconds
+    if seconds > _max:
+        _max = seconds
+    _last = seconds
+    donated = len(exe.donate)
+    if donated:
+        _donating += 1
+        _donated += donated
+        if donated > _donated_max:
+            _donated_max = donated
+        _donated_last = donated
+    if checks:
+        _verify(checks, flags)
+    return outs
+
+
+cdef object _fast_call(compiled):
+    """The callable jax's ``Compiled.__call__`` forwards to (its C++ dispatch), once made;
+    the compiled object itself where there is none."""
+    call = getattr(compiled, "_call", None)
+    return compiled if call is None else call
+
+
+def flush(counters: dict, timers: dict):
+    """Fold the executions counted since the last read into ``_metrics``' tables (its lock
+    held: ``_metrics.metrics`` and ``reset_metrics`` call this first)."""
+    global _runs, _total, _max, _last, _donating, _donated, _donated_max, _donated_last
+    if not _runs:
+        return
+    counters["ExecuteCount"] = counters.get("ExecuteCount", 0) + _runs
+    _fold(timers, "ExecuteTime", _runs, _total, _max, _last)
+    if _donating:
+        counters["DonatedBuffers"] = counters.get("DonatedBuffers", 0) + _donated
+        _fold(timers, "InputOutputAliasCount", _donating, _donated, _donated_max, _donated_last)
+    _runs = _donating = _donated = _donated_max = _donated_last = 0
+    _total = _max = _last = 0.0
+
+
+cdef int _fold(dict timers, str name, long long n, double total, double high,
+               double last) except -1:
+    t = timers.setdefault(name, [0, 0.0, 0.0, 0.0])  # as _metrics._record keeps a timer
+    t[0] += n
+    t[1] += total
+    if high > t[2]:
+        t[2] = high
+    t[3] = last
+    return 0
+
+
+_metrics.FLUSH.append(flush)
