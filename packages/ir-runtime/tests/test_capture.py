@@ -1022,3 +1022,84 @@ def test_a_new_argument_signature_is_named_in_last_guard_failure():
     assert step.last_guard_failure.startswith(
         "argument 0 was a lazy float32[16,4], now a host float32[16, 4]: "
     )
+
+
+def test_every_read_of_the_metrics_counts_each_replay_and_reset_clears_them():
+    """A replay's counts (executions, their time, donated buffers, replays) are kept in C and
+    folded in when the metrics are read: each read sees every replay before it, and
+    ``reset_metrics`` clears them with the rest."""
+    from ir_runtime._frontend.inspect import last_executable
+
+    _, lazy = pair()
+    opt = torch.optim.SGD(lazy.parameters(), lr=0.1, momentum=0.9)
+    step = irt.compile_step(train_fn(lazy, opt))
+    data = [(irt.to_lazy(x), irt.to_lazy(y)) for x, y in batches(9)]
+    for x, y in data[:3]:
+        step(x, y)
+    assert step.replaying
+    donated = len(last_executable().donate)
+    assert donated > 0  # (weights, momenta: their buffers are the results')
+    irt.reset_metrics()
+    for n, (x, y) in enumerate(data[3:7], start=1):
+        step(x, y)
+        m = irt.metrics()
+        c, t = m["counters"], m["timers"]
+        assert c["StepReplay"] == c["ExecuteCount"] == t["ExecuteTime"]["count"] == n
+        assert c["DonatedBuffers"] == n * donated
+        assert t["InputOutputAliasCount"]["count"] == n
+        assert t["InputOutputAliasCount"]["total"] == n * donated
+        assert t["InputOutputAliasCount"]["max"] == t["InputOutputAliasCount"]["last"] == donated
+        assert 0 < t["ExecuteTime"]["last"] <= t["ExecuteTime"]["max"] <= t["ExecuteTime"]["total"]
+    step(*data[7])  # counted, then cleared unread
+    irt.reset_metrics()
+    assert "StepReplay" not in counters() and counters()["ExecuteCount"] == 0
+    assert "ExecuteTime" not in irt.metrics()["timers"]
+    step(*data[8])
+    assert counters()["StepReplay"] == counters()["ExecuteCount"] == 1
+    irt.reset_metrics(counters=False)  # timers alone: the counts stay
+    assert counters()["StepReplay"] == 1 and "ExecuteTime" not in irt.metrics()["timers"]
+
+
+def test_calls_the_c_path_leaves_to_python_replay_alike():
+    """Keyword and nested arguments, and calls while a profile is recorded, take the Python
+    path of a replay: the same plans, the same values as eager."""
+    eager, lazy = pair()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.05, momentum=0.9)
+    step_e = train_fn(eager, opt_e)
+    fn = train_fn(lazy, opt_l)
+    step = irt.compile_step(lambda batch, scale=1.0: fn(*batch) * scale)
+    irt.reset_metrics()
+    for k, (x, y) in enumerate(batches(9)):
+        batch = (irt.to_lazy(x), irt.to_lazy(y))
+        loss = step(batch, scale=2.0) if k % 2 else step(list(batch))
+        close(loss, step_e(x, y) * (2.0 if k % 2 else 1.0), rtol=2e-5)
+    c = counters()
+    assert c["StepReplay"] == 9 - c["StepTraced"] and c["StepReplay"] >= 4
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-4, atol=1e-5)
+
+
+def test_a_lent_number_is_placed_again_only_when_it_changes():
+    """A learning rate in a Python number, lent to the step, is read at every replay and placed
+    again only when it changed, its sign included (-0.0 is not 0.0): the program reads each new
+    value, as eager does."""
+    eager, lazy = pair()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_l = torch.optim.SGD(lazy.parameters(), lr=0.1)
+    step, step_e = irt.compile_step(train_fn(lazy, opt_l)), train_fn(eager, opt_e)
+    data = batches(10)
+    for x, y in data[:3]:
+        close(step(irt.to_lazy(x), irt.to_lazy(y)), step_e(x, y))
+    assert step.replaying
+    placed = []
+    for (x, y), lr in zip(data[3:], [0.1, 0.1, 0.05, 0.05, -0.0, 0.0, 0.0], strict=True):
+        for opt in (opt_e, opt_l):
+            opt.param_groups[0]["lr"] = lr
+        lx, ly = irt.to_lazy(x), irt.to_lazy(y)
+        before = counters()["TransferToDevice"]
+        close(step(lx, ly), step_e(x, y))
+        placed.append(counters()["TransferToDevice"] - before)
+    assert placed == [0, 0, 1, 0, 1, 1, 0] and step.replaying
+    for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
+        close(p_l, p_e, rtol=1e-5, atol=1e-6)

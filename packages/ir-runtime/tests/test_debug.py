@@ -189,10 +189,19 @@ def test_the_environment_turns_it_on(tmp_path):
 
 def test_profile_writes_a_trace_with_the_runtimes_spans(tmp_path):
     x = irt.to_lazy(torch.ones(32, 32))
+    w = irt.to_lazy(torch.full((32,), 0.5))
+
+    @irt.compile_step
+    def step(v):
+        w.mul_(v.sum())
+        return w.sum()
+
+    irt.reset_metrics()
     with irt.profile(tmp_path):
         for _ in range(2):
             x = (x @ x).tanh()
             irt.mark_step()
+        losses = [step(irt.to_lazy(torch.ones(2))).item() for _ in range(4)]
         with pytest.raises(RuntimeError, match="profiles do not nest"):
             with irt.profile(tmp_path):
                 pass
@@ -201,8 +210,11 @@ def test_profile_writes_a_trace_with_the_runtimes_spans(tmp_path):
     trace = json.load(gzip.open(perfetto))
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     names = {e.get("name") for e in events}
-    for span in ("mark_step", "trace", "lower", "compile", "execute"):
+    for span in ("mark_step", "trace", "lower", "compile", "execute", "replay"):
         assert f"ir_runtime.{span}" in names
+    # The replays in the profile (its Python path) wrote w as the traced calls did.
+    assert irt.metrics()["counters"]["StepReplay"] == 2
+    assert losses == [0.5 * 32 * 2**k for k in range(1, 5)]
     # Outside the context, nothing is recorded and no span is made.
     from ir_runtime import _profile
 

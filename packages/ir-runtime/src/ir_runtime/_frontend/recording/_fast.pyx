@@ -29,7 +29,8 @@ from libc.math cimport copysign
 import torch
 
 from ir_core import DeviceData, Generic, Value
-from ir_runtime._frontend.recording._convert import DEVICE, IR_TO_TORCH
+from ir_runtime._frontend.recording import _convert
+from ir_runtime._frontend.recording._convert import IR_TO_TORCH
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
@@ -327,17 +328,21 @@ def track(t):
 
 # -- a lazy tensor made, and bound to data (LazyTensor.__new__ and _bind: a replay's results) --
 
-cdef dict MAKE_KWARGS = {}  # (ir-core dtype, requires_grad) -> _make_wrapper_subclass's keywords
+# (ir-core dtype, requires_grad, device) -> _make_wrapper_subclass's keywords. The device is
+# read at every call: it is named "lazy", or "xla" under torch_xla's API (``_install``).
+cdef dict MAKE_KWARGS = {}
+cdef object CONVERT = _convert
 
 
 def new(cls, value, requires_grad=False):
     """``LazyTensor.__new__``: a lazy tensor whose value is ``value``, registered among the live
     ones; holding data when ``value`` is a ``DeviceData``'s."""
     s = value.shape
-    key = (s.dtype, bool(requires_grad))
+    device = CONVERT.DEVICE
+    key = (s.dtype, bool(requires_grad), device)
     cdef PyObject* p = PyDict_GetItemWithError(MAKE_KWARGS, key)
     if p is NULL:
-        kwargs = {"dtype": IR_TO_TORCH[s.dtype], "device": DEVICE}
+        kwargs = {"dtype": IR_TO_TORCH[s.dtype], "device": device}
         if requires_grad:
             kwargs["requires_grad"] = True
         MAKE_KWARGS[key] = kwargs
