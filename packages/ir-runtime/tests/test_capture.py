@@ -1049,6 +1049,7 @@ def test_every_read_of_the_metrics_counts_each_replay_and_reset_clears_them():
         assert t["InputOutputAliasCount"]["count"] == n
         assert t["InputOutputAliasCount"]["total"] == n * donated
         assert t["InputOutputAliasCount"]["max"] == t["InputOutputAliasCount"]["last"] == donated
+        assert type(t["InputOutputAliasCount"]["last"]) is int  # (buffers, as recorded before)
         assert 0 < t["ExecuteTime"]["last"] <= t["ExecuteTime"]["max"] <= t["ExecuteTime"]["total"]
     step(*data[7])  # counted, then cleared unread
     irt.reset_metrics()
@@ -1103,3 +1104,75 @@ def test_a_lent_number_is_placed_again_only_when_it_changes():
     assert placed == [0, 0, 1, 0, 1, 1, 0] and step.replaying
     for p_l, p_e in zip(lazy.parameters(), eager.parameters(), strict=True):
         close(p_l, p_e, rtol=1e-5, atol=1e-6)
+
+
+def test_timers_and_counters_appear_in_the_order_first_recorded():
+    """An execution's timers and a replay's counter take their place when first recorded, not
+    when read: ExecuteTime comes before MarkStepTime, as the step recorded them."""
+    x = irt.to_lazy(torch.arange(6.0))
+    irt.reset_metrics()
+    y = (x * 3).sum()
+    irt.mark_step()
+    timers = list(irt.metrics()["timers"])
+    assert timers.index("ExecuteTime") < timers.index("MarkStepTime")
+    assert y.item() == 45
+    _, lazy = pair()
+    opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
+    step = irt.compile_step(train_fn(lazy, opt))
+    data = [(irt.to_lazy(x), irt.to_lazy(y)) for x, y in batches(4)]
+    step(*data[0])
+    for x, y in data[1:]:
+        step(x, y)
+    irt.metrics_report()  # (a read between replays)
+    counters_now = list(counters())
+    assert counters_now.index("StepTraced") < counters_now.index("StepReplay")
+
+
+def test_a_replay_launches_through_its_executables_run():
+    """A replay runs its program through ``Executable.run``, as a traced call does: a wrapper
+    set on the executable sees every launch."""
+    from ir_runtime._frontend.inspect import last_executable
+
+    _, lazy = pair()
+    opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
+    step = irt.compile_step(train_fn(lazy, opt))
+    data = [(irt.to_lazy(x), irt.to_lazy(y)) for x, y in batches(6)]
+    for x, y in data[:3]:
+        step(x, y)
+    assert step.replaying
+    exe, ran = last_executable(), []
+    run = exe.run
+    exe.run = lambda arrays: ran.append(len(arrays)) or run(arrays)
+    try:
+        for x, y in data[3:]:
+            step(x, y)
+    finally:
+        del exe.run
+    assert ran == [len(exe.in_shardings)] * 3
+
+
+def test_a_result_is_placed_on_its_own_mesh_when_another_mesh_places_alike():
+    """Two meshes over the same devices whose placements coincide (("dp", "tp") over 4x2 and
+    "x" over 8): each tensor a replay writes stays on its own mesh, with its own axis names,
+    as after a traced call."""
+    from ir_runtime._frontend.inspect import value_of
+
+    mesh_a = irt.Mesh(np.arange(8), (4, 2), ("dp", "tp"))
+    mesh_b = irt.Mesh(np.arange(8), (8,), ("x",))
+    w, v = irt.to_lazy(torch.ones(8, 4)), irt.to_lazy(torch.full((8, 4), 2.0))
+    irt.mark_sharding(w, mesh_a, (("dp", "tp"), None))
+    irt.mark_sharding(v, mesh_b, ("x", None))
+
+    @irt.compile_step
+    def step(s):
+        w.mul_(s)
+        v.add_(s)
+        return (w * v).sum()
+
+    s = irt.to_lazy(torch.tensor(2.0))
+    losses = [step(s).item() for _ in range(5)]
+    assert step.replaying and counters()["StepReplay"] >= 2
+    assert losses == [32 * 2**k * (2 + 2 * k) for k in range(1, 6)]
+    for t, mesh, spec in ((w, mesh_a, (("dp", "tp"), None)), (v, mesh_b, ("x", None))):
+        placed = value_of(t).node.sharding
+        assert placed.mesh == mesh and placed.partition_spec == spec

@@ -21,6 +21,7 @@ cdef list _ACTIVE = _profile.ACTIVE
 cdef object _STATE = _distributed.STATE
 cdef object _settle = _collectives.settle, _failure = _distributed.device_failure
 cdef object _span = _profile.span, _verify = _runtime_checks.verify
+cdef dict _TIMERS = _metrics._timers
 
 # Executions since the metrics were last read: count, seconds (total, max, last), and of those
 # that took buffers over, their count and buffers (total, max, last).
@@ -39,9 +40,7 @@ def run(exe, arrays):
     """``Executable.run``: launch ``exe`` on ``arrays`` (one per parameter) under the
     one-collective-in-flight rule; one array per root, in the roots' order. A checked program's
     flags are verified (``_runtime_checks``)."""
-    global _runs, _total, _max, _last, _donating, _donated, _donated_max, _donated_last
-    cdef double start = _now(), seconds
-    cdef long long donated
+    cdef double start = _now()
     _LAST_RUN[0] = exe
     sync = exe.sync
     if sync and _IN_FLIGHT[0] is not None:
@@ -71,19 +70,7 @@ def run(exe, arrays):
         if sync:
             _IN_FLIGHT[0] = outs[0]
     _STATE.launched += 1
-    seconds = _now() - start
-    _runs += 1
-    _total += seconds
-    if seconds > _max:
-        _max = seconds
-    _last = seconds
-    donated = len(exe.donate)
-    if donated:
-        _donating += 1
-        _donated += donated
-        if donated > _donated_max:
-            _donated_max = donated
-        _donated_last = donated
+    _note(_now() - start, len(exe.donate))
     if checks:
         _verify(checks, flags)
     return outs
@@ -96,23 +83,47 @@ cdef object _fast_call(compiled):
     return compiled if call is None else call
 
 
+cdef int _note(double seconds, long long donated) except -1:
+    """Count one execution (``flush`` folds the counts into ``_metrics``)."""
+    global _runs, _total, _max, _last, _donating, _donated, _donated_max, _donated_last
+    if _runs == 0:  # the first since a read: its timer takes its place in order, as recorded
+        _TIMERS.setdefault("ExecuteTime", [0, 0.0, 0.0, 0.0])
+    _runs += 1
+    _total += seconds
+    if seconds > _max:
+        _max = seconds
+    _last = seconds
+    if donated:
+        if _donating == 0:
+            _TIMERS.setdefault("InputOutputAliasCount", [0, 0.0, 0.0, 0.0])
+        _donating += 1
+        _donated += donated
+        if donated > _donated_max:
+            _donated_max = donated
+        _donated_last = donated
+    return 0
+
+
 def flush(counters: dict, timers: dict):
     """Fold the executions counted since the last read into ``_metrics``' tables (its lock
-    held: ``_metrics.metrics`` and ``reset_metrics`` call this first)."""
+    held: ``_metrics.metrics`` and ``reset_metrics`` call this first). The counts are taken and
+    zeroed before anything is allocated, so none that a thread adds meanwhile is lost."""
     global _runs, _total, _max, _last, _donating, _donated, _donated_max, _donated_last
-    if not _runs:
-        return
-    counters["ExecuteCount"] = counters.get("ExecuteCount", 0) + _runs
-    _fold(timers, "ExecuteTime", _runs, _total, _max, _last)
-    if _donating:
-        counters["DonatedBuffers"] = counters.get("DonatedBuffers", 0) + _donated
-        _fold(timers, "InputOutputAliasCount", _donating, _donated, _donated_max, _donated_last)
+    cdef long long runs = _runs, donating = _donating, donated = _donated
+    cdef long long donated_max = _donated_max, donated_last = _donated_last
+    cdef double total = _total, high = _max, last = _last
     _runs = _donating = _donated = _donated_max = _donated_last = 0
     _total = _max = _last = 0.0
+    if not runs:
+        return
+    counters["ExecuteCount"] = counters.get("ExecuteCount", 0) + runs
+    _fold(timers, "ExecuteTime", runs, total, high, last)
+    if donating:  # (buffers: whole numbers, as _metrics._record keeps them)
+        counters["DonatedBuffers"] = counters.get("DonatedBuffers", 0) + donated
+        _fold(timers, "InputOutputAliasCount", donating, donated, donated_max, donated_last)
 
 
-cdef int _fold(dict timers, str name, long long n, double total, double high,
-               double last) except -1:
+cdef int _fold(dict timers, str name, long long n, total, high, last) except -1:
     t = timers.setdefault(name, [0, 0.0, 0.0, 0.0])  # as _metrics._record keeps a timer
     t[0] += n
     t[1] += total

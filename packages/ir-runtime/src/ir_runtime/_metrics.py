@@ -27,11 +27,11 @@ COUNTERS = (
     "HostRead",  # reads to the host (.item(), .cpu(), print) that ran a program
     "HostReadTensors",  # tensors those programs computed: the read one and those sharing its graph
 )
-# Timers appear in metrics() as first recorded: LowerTime, CompileTime, ExecuteTime, GraphNodes
-# (nodes, not seconds), CacheLookupTime, TraceTime (host time between two mark_steps: recording
-# a step), MarkStepTime and TransferToDeviceTime; and two of sizes, as torch_xla names them:
-# OutboundData (bytes of each host -> device transfer) and InputOutputAliasCount (buffers each
-# program took over).
+# Timers appear in metrics() in the order first recorded (an execution's, ``_launch``'s, at the
+# first read after it): LowerTime, CompileTime, ExecuteTime, GraphNodes (nodes, not seconds),
+# CacheLookupTime, TraceTime (host time between two mark_steps: recording a step), MarkStepTime
+# and TransferToDeviceTime; and two of sizes, as torch_xla names them: OutboundData (bytes of
+# each host -> device transfer) and InputOutputAliasCount (buffers each program took over).
 # Counters named "Decomposed::<op>" count ops that went through torch's decompositions (slow on
 # the tracing path: candidates for a lowering rule); "Unsupported::<op>" ops with neither.
 

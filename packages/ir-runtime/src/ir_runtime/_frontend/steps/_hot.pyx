@@ -31,7 +31,7 @@ import jax
 import torch
 
 from ir_core import DeviceData, Value
-from ir_runtime import _collectives, _donation, _launch, _metrics, _profile
+from ir_runtime import _collectives, _donation, _metrics, _profile
 from ir_runtime._data import put
 from ir_runtime._execute import place, same_sharding
 from ir_runtime._frontend.recording import _fast, _rng
@@ -57,7 +57,7 @@ cdef list _IN_FLIGHT = _collectives._IN_FLIGHT, _LAST = _collectives._LAST
 cdef object _same = same_sharding
 cdef object _count = _metrics.count, _next_step = _rng.next_step, _write_through = write_through
 cdef object _grad_enabled = torch.is_grad_enabled
-cdef object _launch_run = _launch.run
+cdef dict _COUNTERS = _metrics._counters
 cdef object _new = _fast.new, _bind_data = _fast.bind  # LazyTensor(value), t._bind(data)
 cdef list _ACTIVE = _profile.ACTIVE
 cdef tuple _NESTED = (tuple, list, dict)  # arguments ``_replay.flatten`` takes apart
@@ -172,7 +172,7 @@ def replay(plan, leaves, list nodes):
     writes = plan._writes
     if writes is None:
         writes = plan._write_table()
-    outputs = bind(plan, writes, _launch_run(exe, arrays), leaves)
+    outputs = bind(plan, writes, exe.run(arrays), leaves)  # (_launch.run)
     structure = plan.structure
     if structure is None:  # one leaf (a step's usual return: its loss)
         return outputs[0]
@@ -182,9 +182,10 @@ def replay(plan, leaves, list nodes):
 def flush(dict counters, dict timers):
     """Fold the replays counted since the metrics were last read into ``_metrics``' tables."""
     global _replays
-    if _replays:
-        counters["StepReplay"] = counters.get("StepReplay", 0) + _replays
-        _replays = 0
+    cdef long long replays = _replays
+    _replays = 0
+    if replays:
+        counters["StepReplay"] = counters.get("StepReplay", 0) + replays
 
 
 _metrics.FLUSH.append(flush)
@@ -352,6 +353,8 @@ cpdef list bind(plan, tuple writes, raw, leaves):
         if t is not None:
             t.grad = None
     _next_step()
+    if _replays == 0:  # the first since a read: its counter takes its place in order
+        _COUNTERS.setdefault("StepReplay", 0)
     _replays += 1
     for ref in plan.schedulers:  # (a scheduler freed since: nothing can step it)
         scheduler = ref()

@@ -243,11 +243,15 @@ class Replay:
         replay (``_hot.bind``)."""
         if self._writes is None:
             exe = self.exe
-            # A result's placement as the very object the next replay compares it with (the
-            # parameter's it feeds): equal placements, one identity check.
-            same = {spec: spec for spec in self.specs if spec is not None}
+            # A result's placement as the very object a parameter was read with, where one is
+            # alike in every respect (placement, mesh, axis names, kind): the next replay then
+            # compares the result it feeds by identity.
+            reads: dict = {}  # placement -> the distinct specs read with it
+            for read in self.specs:
+                if read is not None and not any(r is read for r in reads.get(read, ())):
+                    reads.setdefault(read, []).append(read)
             self._writes = tuple(
-                (kind, x, exe.out_shapes[k], same.get(exe.out_specs[k], exe.out_specs[k]), k)
+                (kind, x, exe.out_shapes[k], _alike(exe.out_specs[k], reads), k)
                 for kind, x, k in self.bindings
             )
         return self._writes
@@ -301,6 +305,20 @@ class Replay:
         array = put(np.asarray(v, dtype), sharding)
         self._numbers[k] = (v, array)
         return array
+
+
+def _alike(spec, reads: dict):
+    """The spec among ``reads`` (placement -> specs) alike ``spec`` in every respect, else
+    ``spec``. (Equal placements can differ in mesh axis names, which users read.)"""
+    for read in reads.get(spec, ()):
+        if (
+            read.mesh == spec.mesh
+            and read.partition_spec == spec.partition_spec
+            and read.kind is spec.kind
+            and read.device_id == spec.device_id
+        ):
+            return read
+    return spec
 
 
 def _grad_facts(guards) -> list:
