@@ -1176,3 +1176,46 @@ def test_a_result_is_placed_on_its_own_mesh_when_another_mesh_places_alike():
     for t, mesh, spec in ((w, mesh_a, (("dp", "tp"), None)), (v, mesh_b, ("x", None))):
         placed = value_of(t).node.sharding
         assert placed.mesh == mesh and placed.partition_spec == spec
+
+
+def test_a_replays_returned_tensors_are_new_each_call_as_eager_makes_them():
+    """A replay's returned tensors are made ahead, in batches (``_fast.held``): each call still
+    returns a new tensor holding its own value, made as torch would make it then (an inference
+    tensor under ``torch.inference_mode()``, not otherwise); and spares are kept for a bounded
+    number of shapes."""
+    from ir_runtime._frontend.recording import _fast
+
+    lin = irt.to_lazy(torch.nn.Linear(4, 2))
+    w = irt.to_torch(lin.weight).detach().numpy()
+    b = irt.to_torch(lin.bias).detach().numpy()
+
+    @irt.compile_step
+    def forward(x):
+        return lin(x).sum(0)
+
+    def want(k):
+        return (np.full((3, 4), float(k)) @ w.T + b).sum(0)
+
+    outs = [forward(irt.to_lazy(torch.full((3, 4), float(k)))) for k in range(8)]
+    assert forward.replaying and len({id(o) for o in outs}) == 8
+    for k, o in enumerate(outs):
+        np.testing.assert_allclose(irt.to_torch(o).numpy(), want(k), rtol=1e-6)
+        assert not o.requires_grad and not o.is_inference()
+    with torch.inference_mode():
+        inside = [forward(irt.to_lazy(torch.full((3, 4), float(k)))) for k in range(6)]
+    assert all(o.is_inference() for o in inside) and forward.replaying
+    np.testing.assert_allclose(irt.to_torch(inside[-1]).numpy(), want(5), rtol=1e-6)
+    after = forward(irt.to_lazy(torch.ones(3, 4)))
+    assert not after.is_inference()
+
+    @irt.compile_step
+    def sized(x):
+        return x * 2
+
+    with warnings.catch_warnings():  # (more argument signatures than a step keeps plans for)
+        warnings.simplefilter("ignore", irt.CaptureWarning)
+        for n in range(1, 80):  # 79 shapes, each replayed: spares for at most 64
+            for _ in range(3):
+                got = sized(irt.to_lazy(torch.full((n,), 1.5)))
+            assert got.shape == (n,) and irt.to_torch(got).sum().item() == 3 * n
+    assert len(_fast.spares()) <= 64

@@ -334,21 +334,24 @@ cdef dict MAKE_KWARGS = {}
 cdef object CONVERT = _convert
 
 
+cdef object make_kwargs(object dtype, object requires_grad, object device):
+    """``_make_wrapper_subclass``'s keywords for a tensor of ``dtype`` on ``device``."""
+    key = (dtype, bool(requires_grad), device)
+    cdef PyObject* p = PyDict_GetItemWithError(MAKE_KWARGS, key)
+    if p is not NULL:
+        return <object>p
+    kwargs = {"dtype": IR_TO_TORCH[dtype], "device": device}
+    if requires_grad:
+        kwargs["requires_grad"] = True
+    MAKE_KWARGS[key] = kwargs
+    return kwargs
+
+
 def new(cls, value, requires_grad=False):
     """``LazyTensor.__new__``: a lazy tensor whose value is ``value``, registered among the live
     ones; holding data when ``value`` is a ``DeviceData``'s."""
     s = value.shape
-    device = CONVERT.DEVICE
-    key = (s.dtype, bool(requires_grad), device)
-    cdef PyObject* p = PyDict_GetItemWithError(MAKE_KWARGS, key)
-    if p is NULL:
-        kwargs = {"dtype": IR_TO_TORCH[s.dtype], "device": device}
-        if requires_grad:
-            kwargs["requires_grad"] = True
-        MAKE_KWARGS[key] = kwargs
-    else:
-        kwargs = <object>p
-    t = PyObject_Call(MAKE, (cls, s.dims), kwargs)
+    t = PyObject_Call(MAKE, (cls, s.dims), make_kwargs(s.dtype, requires_grad, CONVERT.DEVICE))
     t._ir = value
     node = value.node
     if type(node) is DEVICE_DATA:
@@ -356,6 +359,48 @@ def new(cls, value, requires_grad=False):
         t._held = id(node)
     track_(t)
     return t
+
+
+# A compiled step's returned tensors (its loss), made ahead in batches of one shape. Where the
+# device threads share the host's cores (XLA's CPU devices), they leave its caches cold between
+# two replays, and torch's tensor creation, run once per replay, cost about 15 us of it; made
+# sixteen at a time, the next fifteen cost about 1 us each. A spare holds nothing, is in no
+# registry and is seen by no one until handed out, as a tensor made then would be; the key
+# holds what torch reads as it makes one (inference mode makes an inference tensor). At most
+# SPARE_KEYS shapes have spares; a tensor of any other is made when asked for.
+cdef dict SPARES = {}  # (dims, dtype, device, inference mode) -> lazy tensors not handed out
+cdef Py_ssize_t SPARE_BATCH = 16, SPARE_KEYS = 64
+cdef object INFERENCE = torch.is_inference_mode_enabled
+
+
+def held(data):
+    """A new lazy tensor holding ``data`` (a ``DeviceData``), not requiring grad, registered
+    among the live ones: a compiled step's returned tensor, taken from ``SPARES``."""
+    s = data.shape
+    device = CONVERT.DEVICE
+    key = (s.dims, s.dtype, device, INFERENCE())
+    cdef PyObject* p = PyDict_GetItemWithError(SPARES, key)
+    cdef list spares = <list>p if p is not NULL else None
+    if not spares:
+        kwargs = make_kwargs(s.dtype, False, device)
+        if spares is None and len(SPARES) >= SPARE_KEYS:  # (a shape past the table's bound)
+            t = PyObject_Call(MAKE, (LAZY, s.dims), kwargs)
+        else:
+            spares = [PyObject_Call(MAKE, (LAZY, s.dims), kwargs) for _ in range(SPARE_BATCH)]
+            SPARES[key] = spares
+            t = spares.pop()
+    else:
+        t = spares.pop()
+    t._ir = VALUE(data, 0)
+    t._placed = data.sharding
+    t._held = id(data)
+    track_(t)
+    return t
+
+
+def spares():
+    """The spare tensors' table itself: for tests of its bound."""
+    return SPARES
 
 
 def bind(t, data):

@@ -59,6 +59,7 @@ cdef object _count = _metrics.count, _next_step = _rng.next_step, _write_through
 cdef object _grad_enabled = torch.is_grad_enabled
 cdef dict _COUNTERS = _metrics._counters
 cdef object _new = _fast.new, _bind_data = _fast.bind  # LazyTensor(value), t._bind(data)
+cdef object _held = _fast.held  # a returned tensor holding data (made ahead, in batches)
 cdef list _ACTIVE = _profile.ACTIVE
 cdef tuple _NESTED = (tuple, list, dict)  # arguments ``_replay.flatten`` takes apart
 
@@ -325,7 +326,7 @@ cpdef list bind(plan, tuple writes, raw, leaves):
         kind, x, shape, spec, k = <tuple>item
         data = _DEVICE_DATA(shape, raw[k], spec)  # as exe.results makes it, for the bound only
         if kind is _OUT:
-            outputs[x] = _new(_LAZY, _VALUE(data))
+            outputs[x] = _held(data)
         elif kind is _STATE:
             t = x()
             if t is not None:
