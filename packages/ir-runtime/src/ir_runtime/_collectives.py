@@ -1,10 +1,10 @@
 """The one-collective-in-flight rule on CPU, and waiting for launched programs.
 
 XLA's CPU collectives deadlock when several executions of collective programs overlap (README,
-collectives): at most one may be in flight. Its first result is kept here; the next collective
-program, a reshard, or a cross-process gather waits for it before it starts. One execution's
-results become ready together, so waiting on one is enough. The host meanwhile traces the next
-step.
+collectives): at most one may be in flight. Its first result is kept here (``_launch.run`` notes
+each launch); the next collective program, a reshard, or a cross-process gather waits for it
+before it starts. One execution's results become ready together, so waiting on one is enough.
+The host meanwhile traces the next step.
 """
 
 from __future__ import annotations
@@ -27,16 +27,6 @@ def settle() -> None:
             a.block_until_ready()
     except Exception as e:
         raise _distributed.device_failure(e, "the previous program") from e
-
-
-def launched(outs, collective: bool) -> None:
-    """A program was just launched with results ``outs``; ``collective``: it holds CPU
-    collectives, so the next collective program must wait for it."""
-    if outs:
-        _LAST[0] = outs[0]
-        if collective:
-            _IN_FLIGHT[0] = outs[0]
-    _distributed.STATE.launched += 1
 
 
 def references(a) -> int:
