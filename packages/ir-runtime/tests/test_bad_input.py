@@ -262,6 +262,32 @@ def test_wait_device_ops_reports_a_failed_program_as_the_projects_error(monkeypa
     irt.wait_device_ops()  # reported once
 
 
+def test_a_failed_collective_program_is_reported_once_by_the_next_wait():
+    """The one-collective-in-flight rule's wait (``_launch.settle``, in C) reports a program
+    that failed while in flight as the project's error, once, and counts the wait."""
+    from ir_runtime import _collectives
+
+    class Failed:
+        def is_deleted(self):
+            return False
+
+        def block_until_ready(self):
+            raise FakeXlaError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+
+    irt.wait_device_ops()
+    irt.reset_metrics()
+    _collectives._IN_FLIGHT[0] = Failed()
+    try:
+        with pytest.raises(irt.OutOfMemoryError, match="the previous program ran out") as e:
+            irt.wait_device_ops()
+        assert isinstance(e.value.__cause__, FakeXlaError)
+        assert _collectives._IN_FLIGHT[0] is None
+    finally:
+        _collectives._IN_FLIGHT[0] = None
+    irt.wait_device_ops()  # reported once
+    assert irt.metrics()["counters"]["CollectiveSync"] == 1
+
+
 # -- the general guarantee ---------------------------------------------------------------------
 
 

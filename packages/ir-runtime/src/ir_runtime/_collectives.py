@@ -9,24 +9,13 @@ The host meanwhile traces the next step.
 
 from __future__ import annotations
 
-from ir_runtime import _distributed, _metrics
+from ir_runtime import _distributed
 
-_IN_FLIGHT: list = [None]  # the first result of the collective program still running on CPU
-_LAST: list = [None]  # the first result of the last program launched
-
-
-def settle() -> None:
-    """Wait for the collective program still running on CPU devices, if there is one."""
-    a = _IN_FLIGHT[0]
-    if a is None:
-        return
-    _IN_FLIGHT[0] = None
-    _metrics.count("CollectiveSync")
-    try:
-        if not a.is_deleted():
-            a.block_until_ready()
-    except Exception as e:
-        raise _distributed.device_failure(e, "the previous program") from e
+# The rule's state and its wait, in C (``_launch``, which every launch goes through): the first
+# result of the collective program still running on CPU, and of the last program launched.
+from ir_runtime._launch import IN_FLIGHT as _IN_FLIGHT
+from ir_runtime._launch import LAST as _LAST
+from ir_runtime._launch import settle
 
 
 def references(a) -> int:

@@ -1,27 +1,33 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Launching a compiled program, in C: ``Executable.run``.
+"""Launching a compiled program, in C: ``Executable.run``, and the one-collective-in-flight
+rule's state and wait (``settle``; ``_collectives`` says the rule and waits for launches).
 
 Every program the runtime runs goes through ``run``: a compiled step's replay calls it for each
 step, so it runs no Python of its own. On a machine whose cores the device threads share with
 the host (XLA's CPU devices), the host's work between two programs finds its caches cold, and
 each Python function or lock it touches costs microseconds. So what an execution adds to the
-metrics (``ExecuteCount``, ``ExecuteTime``, ``DonatedBuffers``, ``InputOutputAliasCount``) is
-counted here in C and folded into ``_metrics`` when they are read (``flush``, registered there),
-and jax's executable is called through the callable its ``Compiled.__call__`` forwards to.
+metrics (``ExecuteCount``, ``ExecuteTime``, ``DonatedBuffers``, ``InputOutputAliasCount``,
+``CollectiveSync``) is counted here in C and folded into ``_metrics`` when they are read
+(``flush``, registered there), and jax's executable is called through the callable its
+``Compiled.__call__`` forwards to. (This module imports nothing that imports ``_collectives``,
+which takes its state from here.)
 """
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from ir_runtime import _collectives, _distributed, _metrics, _profile, _runtime_checks
+from ir_runtime import _distributed, _metrics, _profile
 
 LAST_RUN: list = [None]  # the Executable that ran last
+IN_FLIGHT: list = [None]  # the first result of the collective program still running on CPU
+LAST: list = [None]  # the first result of the last program launched
 
 cdef list _LAST_RUN = LAST_RUN
-cdef list _IN_FLIGHT = _collectives._IN_FLIGHT, _LAST = _collectives._LAST
+cdef list _IN_FLIGHT = IN_FLIGHT, _LAST = LAST
 cdef list _ACTIVE = _profile.ACTIVE
 cdef object _STATE = _distributed.STATE
-cdef object _settle = _collectives.settle, _failure = _distributed.device_failure
-cdef object _span = _profile.span, _verify = _runtime_checks.verify
+cdef object _failure = _distributed.device_failure
+cdef object _span = _profile.span
 cdef dict _TIMERS = _metrics._timers
+cdef long long _syncs = 0  # waits for a collective program still in flight (CollectiveSync)
 
 # Executions since the metrics were last read: count, seconds (total, max, last), and of those
 # that took buffers over, their count and buffers (total, max, last).
@@ -44,7 +50,7 @@ def run(exe, arrays):
     _LAST_RUN[0] = exe
     sync = exe.sync
     if sync and _IN_FLIGHT[0] is not None:
-        _settle()
+        settle()
     try:
         if _ACTIVE[0]:
             with _span("ir_runtime.execute"):
@@ -72,8 +78,25 @@ def run(exe, arrays):
     _STATE.launched += 1
     _note(_now() - start, len(exe.donate))
     if checks:
-        _verify(checks, flags)
+        from ir_runtime import _runtime_checks  # (a checked program only)
+
+        _runtime_checks.verify(checks, flags)
     return outs
+
+
+cpdef settle():
+    """Wait for the collective program still running on CPU devices, if there is one."""
+    global _syncs
+    a = _IN_FLIGHT[0]
+    if a is None:
+        return
+    _IN_FLIGHT[0] = None
+    _syncs += 1
+    try:
+        if not a.is_deleted():
+            a.block_until_ready()
+    except Exception as e:
+        raise _failure(e, "the previous program") from e
 
 
 cdef object _fast_call(compiled):
@@ -108,12 +131,15 @@ def flush(counters: dict, timers: dict):
     """Fold the executions counted since the last read into ``_metrics``' tables (its lock
     held: ``_metrics.metrics`` and ``reset_metrics`` call this first). The counts are taken and
     zeroed before anything is allocated, so none that a thread adds meanwhile is lost."""
-    global _runs, _total, _max, _last, _donating, _donated, _donated_max, _donated_last
+    global _runs, _total, _max, _last, _donating, _donated, _donated_max, _donated_last, _syncs
     cdef long long runs = _runs, donating = _donating, donated = _donated
     cdef long long donated_max = _donated_max, donated_last = _donated_last
     cdef double total = _total, high = _max, last = _last
-    _runs = _donating = _donated = _donated_max = _donated_last = 0
+    cdef long long syncs = _syncs
+    _runs = _donating = _donated = _donated_max = _donated_last = _syncs = 0
     _total = _max = _last = 0.0
+    if syncs:
+        counters["CollectiveSync"] = counters.get("CollectiveSync", 0) + syncs
     if not runs:
         return
     counters["ExecuteCount"] = counters.get("ExecuteCount", 0) + runs
