@@ -1,6 +1,7 @@
 """compile_step: traced calls, then replays, against torch eager; guards; refusals."""
 
 import copy
+import gc
 import re
 import warnings
 
@@ -1207,6 +1208,10 @@ def test_a_replays_returned_tensors_are_new_each_call_as_eager_makes_them():
     np.testing.assert_allclose(irt.to_torch(inside[-1]).numpy(), want(5), rtol=1e-6)
     after = forward(irt.to_lazy(torch.ones(3, 4)))
     assert not after.is_inference()
+    # Spares hold no value yet: out of the collector's sight until handed out.
+    spare = [t for batch in _fast.spares().values() for t in batch]
+    assert spare and not any(gc.is_tracked(t) for t in spare)
+    assert all(gc.is_tracked(o) for o in [*outs, *inside, after])
 
     @irt.compile_step
     def sized(x):

@@ -1,10 +1,10 @@
 """The one-collective-in-flight rule on CPU, and waiting for launched programs.
 
 XLA's CPU collectives deadlock when several executions of collective programs overlap (README,
-collectives): at most one may be in flight. Its first result is kept here (``_launch.run`` notes
-each launch); the next collective program, a reshard, or a cross-process gather waits for it
-before it starts. One execution's results become ready together, so waiting on one is enough.
-The host meanwhile traces the next step.
+collectives): at most one may be in flight. Its first result is kept (``_launch``, in C, where
+every launch is noted and ``settle`` waits); the next collective program, a reshard, or a
+cross-process gather waits for it before it starts. One execution's results become ready
+together, so waiting on one is enough. The host meanwhile traces the next step.
 """
 
 from __future__ import annotations

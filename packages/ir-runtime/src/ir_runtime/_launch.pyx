@@ -9,8 +9,8 @@ each Python function or lock it touches costs microseconds. So what an execution
 metrics (``ExecuteCount``, ``ExecuteTime``, ``DonatedBuffers``, ``InputOutputAliasCount``,
 ``CollectiveSync``) is counted here in C and folded into ``_metrics`` when they are read
 (``flush``, registered there), and jax's executable is called through the callable its
-``Compiled.__call__`` forwards to. (This module imports nothing that imports ``_collectives``,
-which takes its state from here.)
+``Compiled.__call__`` forwards to. (``_collectives`` takes its state from here, so nothing this
+module imports as it loads imports ``_collectives``.)
 """
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
@@ -28,6 +28,7 @@ cdef object _failure = _distributed.device_failure
 cdef object _span = _profile.span
 cdef dict _TIMERS = _metrics._timers
 cdef long long _syncs = 0  # waits for a collective program still in flight (CollectiveSync)
+cdef object _RUNTIME_CHECKS = None  # the module, once a checked program ran (``_checks``)
 
 # Executions since the metrics were last read: count, seconds (total, max, last), and of those
 # that took buffers over, their count and buffers (total, max, last).
@@ -78,10 +79,19 @@ def run(exe, arrays):
     _STATE.launched += 1
     _note(_now() - start, len(exe.donate))
     if checks:
-        from ir_runtime import _runtime_checks  # (a checked program only)
-
-        _runtime_checks.verify(checks, flags)
+        _checks().verify(checks, flags)
     return outs
+
+
+cdef object _checks():
+    """``_runtime_checks``, imported at its first checked run (it imports ``_collectives``,
+    which imports this module)."""
+    global _RUNTIME_CHECKS
+    if _RUNTIME_CHECKS is None:
+        from ir_runtime import _runtime_checks
+
+        _RUNTIME_CHECKS = _runtime_checks
+    return _RUNTIME_CHECKS
 
 
 cpdef settle():

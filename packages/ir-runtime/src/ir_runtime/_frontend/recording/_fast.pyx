@@ -34,6 +34,8 @@ from ir_runtime._frontend.recording._convert import IR_TO_TORCH
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void* op)
+    void PyObject_GC_Track(void* op)
+    int PyObject_GC_IsTracked(object op)
     PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
     ctypedef struct PyFrameObject
     PyFrameObject* PyEval_GetFrame()                  # borrowed
@@ -364,10 +366,11 @@ def new(cls, value, requires_grad=False):
 # A compiled step's returned tensors (its loss), made ahead in batches of one shape. Where the
 # device threads share the host's cores (XLA's CPU devices), they leave its caches cold between
 # two replays, and torch's tensor creation, run once per replay, cost about 15 us of it; made
-# sixteen at a time, the next fifteen cost about 1 us each. A spare holds nothing, is in no
-# registry and is seen by no one until handed out, as a tensor made then would be; the key
-# holds what torch reads as it makes one (inference mode makes an inference tensor). At most
-# SPARE_KEYS shapes have spares; a tensor of any other is made when asked for.
+# sixteen at a time, the next fifteen cost about 1 us each. A spare holds no value yet: it is
+# in no registry and out of the cyclic collector's sight (``gc.get_objects()`` lists no tensor
+# that cannot print) until handed out, as a tensor made then would be; the key holds what torch
+# reads as it makes one (inference mode makes an inference tensor). At most SPARE_KEYS shapes
+# have spares, the first asked for; a tensor of any other is made when asked for.
 cdef dict SPARES = {}  # (dims, dtype, device, inference mode) -> lazy tensors not handed out
 cdef Py_ssize_t SPARE_BATCH = 16, SPARE_KEYS = 64
 cdef object INFERENCE = torch.is_inference_mode_enabled
@@ -386,15 +389,23 @@ def held(data):
         if spares is None and len(SPARES) >= SPARE_KEYS:  # (a shape past the table's bound)
             t = PyObject_Call(MAKE, (LAZY, s.dims), kwargs)
         else:
-            spares = [PyObject_Call(MAKE, (LAZY, s.dims), kwargs) for _ in range(SPARE_BATCH)]
+            spares = [_spare(kwargs, s.dims) for _ in range(SPARE_BATCH)]
             SPARES[key] = spares
             t = spares.pop()
     else:
         t = spares.pop()
+    if not PyObject_GC_IsTracked(t):  # (a spare: in the collector's sight from now on)
+        PyObject_GC_Track(<void*>t)
     t._ir = VALUE(data, 0)
     t._placed = data.sharding
     t._held = id(data)
     track_(t)
+    return t
+
+
+cdef object _spare(dict kwargs, tuple dims):
+    t = PyObject_Call(MAKE, (LAZY, dims), kwargs)
+    PyObject_GC_UnTrack(<void*>t)
     return t
 
 
