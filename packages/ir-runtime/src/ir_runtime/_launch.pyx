@@ -30,10 +30,14 @@ cdef dict _TIMERS = _metrics._timers
 cdef long long _syncs = 0  # waits for a collective program still in flight (CollectiveSync)
 cdef object _RUNTIME_CHECKS = None  # the module, once a checked program ran (``_checks``)
 
-# Executions since the metrics were last read: count, seconds (total, max, last), and of those
-# that took buffers over, their count and buffers (total, max, last).
-cdef long long _runs = 0, _donating = 0, _donated = 0, _donated_max = 0, _donated_last = 0
-cdef double _total = 0.0, _max = 0.0, _last = 0.0
+# Executions since the metrics were last read: their seconds (``ExecuteTime``), and of those
+# that took buffers over, how many each took (``InputOutputAliasCount``), each kept as
+# ``_metrics._record`` keeps a timer.
+cdef struct Tally:
+    long long n
+    double total, high, last
+
+cdef Tally _seconds, _buffers, _NONE  # (_NONE: all zero)
 
 
 cdef inline double _now():
@@ -118,22 +122,20 @@ cdef object _fast_call(compiled):
 
 cdef int _note(double seconds, long long donated) except -1:
     """Count one execution (``flush`` folds the counts into ``_metrics``)."""
-    global _runs, _total, _max, _last, _donating, _donated, _donated_max, _donated_last
-    if _runs == 0:  # the first since a read: its timer takes its place in order, as recorded
-        _TIMERS.setdefault("ExecuteTime", [0, 0.0, 0.0, 0.0])
-    _runs += 1
-    _total += seconds
-    if seconds > _max:
-        _max = seconds
-    _last = seconds
+    _add(&_seconds, seconds, "ExecuteTime")
     if donated:
-        if _donating == 0:
-            _TIMERS.setdefault("InputOutputAliasCount", [0, 0.0, 0.0, 0.0])
-        _donating += 1
-        _donated += donated
-        if donated > _donated_max:
-            _donated_max = donated
-        _donated_last = donated
+        _add(&_buffers, donated, "InputOutputAliasCount")
+    return 0
+
+
+cdef int _add(Tally* t, double value, str name) except -1:
+    if t.n == 0:  # the first since a read: its timer takes its place in order, as recorded
+        _TIMERS.setdefault(name, [0, 0.0, 0.0, 0.0])
+    t.n += 1
+    t.total += value
+    if value > t.high:
+        t.high = value
+    t.last = value
     return 0
 
 
@@ -141,28 +143,26 @@ def flush(counters: dict, timers: dict):
     """Fold the executions counted since the last read into ``_metrics``' tables (its lock
     held: ``_metrics.metrics`` and ``reset_metrics`` call this first). The counts are taken and
     zeroed before anything is allocated, so none that a thread adds meanwhile is lost."""
-    global _runs, _total, _max, _last, _donating, _donated, _donated_max, _donated_last, _syncs
-    cdef long long runs = _runs, donating = _donating, donated = _donated
-    cdef long long donated_max = _donated_max, donated_last = _donated_last
-    cdef double total = _total, high = _max, last = _last
+    global _seconds, _buffers, _syncs
+    cdef Tally seconds = _seconds, buffers = _buffers
     cdef long long syncs = _syncs
-    _runs = _donating = _donated = _donated_max = _donated_last = _syncs = 0
-    _total = _max = _last = 0.0
+    _seconds = _buffers = _NONE
+    _syncs = 0
     if syncs:
         counters["CollectiveSync"] = counters.get("CollectiveSync", 0) + syncs
-    if not runs:
-        return
-    counters["ExecuteCount"] = counters.get("ExecuteCount", 0) + runs
-    _fold(timers, "ExecuteTime", runs, total, high, last)
-    if donating:  # (buffers: whole numbers, as _metrics._record keeps them)
-        counters["DonatedBuffers"] = counters.get("DonatedBuffers", 0) + donated
-        _fold(timers, "InputOutputAliasCount", donating, donated, donated_max, donated_last)
+    if seconds.n:
+        counters["ExecuteCount"] = counters.get("ExecuteCount", 0) + seconds.n
+        _fold(timers, "ExecuteTime", seconds, seconds.high, seconds.last)
+    if buffers.n:  # (buffers: whole numbers, as _metrics._record keeps them)
+        counters["DonatedBuffers"] = counters.get("DonatedBuffers", 0) + <long long>buffers.total
+        _fold(timers, "InputOutputAliasCount", buffers, <long long>buffers.high,
+              <long long>buffers.last)
 
 
-cdef int _fold(dict timers, str name, long long n, total, high, last) except -1:
+cdef int _fold(dict timers, str name, Tally tally, high, last) except -1:
     t = timers.setdefault(name, [0, 0.0, 0.0, 0.0])  # as _metrics._record keeps a timer
-    t[0] += n
-    t[1] += total
+    t[0] += tally.n
+    t[1] += tally.total
     if high > t[2]:
         t[2] = high
     t[3] = last

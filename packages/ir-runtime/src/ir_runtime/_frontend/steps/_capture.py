@@ -74,7 +74,6 @@ class CaptureWarning(UserWarning):
     """A compiled step cannot be replayed, so every call traces it; the message says why."""
 
 
-_NESTED = (tuple, list, dict)  # arguments flatten takes apart
 _SIGNATURES = 32  # argument signatures a compiled step keeps plans for
 _VARIANTS = 4  # plans per signature, each replayed when its guards hold
 _VARYING = (
@@ -170,7 +169,7 @@ class CompiledStep:
             leaves = None
         else:
             for a in args:
-                if isinstance(a, _NESTED):
+                if isinstance(a, _hot.NESTED):
                     leaves = None
                     break
         if leaves is None:

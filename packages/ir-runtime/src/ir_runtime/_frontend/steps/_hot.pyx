@@ -61,7 +61,8 @@ cdef dict _COUNTERS = _metrics._counters
 cdef object _new = _fast.new, _bind_data = _fast.bind  # LazyTensor(value), t._bind(data)
 cdef object _held = _fast.held  # a returned tensor holding data (made ahead, in batches)
 cdef list _ACTIVE = _profile.ACTIVE
-cdef tuple _NESTED = (tuple, list, dict)  # arguments ``_replay.flatten`` takes apart
+NESTED = (tuple, list, dict)  # arguments ``_replay.flatten`` takes apart
+cdef tuple _NESTED = NESTED
 
 SLOW = object()  # ``call``'s answer for a call it leaves to the Python path
 cdef object _SLOW = SLOW
