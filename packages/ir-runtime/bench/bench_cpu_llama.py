@@ -22,6 +22,9 @@ way's losses are checked against eager's (rtol 1e-4): a fast wrong step is not a
     python packages/ir-runtime/bench/bench_cpu_llama.py [--rounds 3] [--json PATH]
 
 ``--xla-flags`` passes XLA_FLAGS to the XLA ways (to try a CPU option on all of them alike).
+``--cores N`` runs each way on N of the machine's cores (torch's threads and XLA's pools
+sized to them). Beside each way's time the table shows how many cores it kept busy (its CPU
+time over its wall time), its kernel time and its page faults per step.
 ``--sync-every N`` waits for every Nth step only (a loop that logs its loss every N steps), so
 the time between steps on the host can overlap the device's work; the default waits for each.
 On a machine with an accelerator the XLA ways run there and eager on its CPU.
@@ -30,6 +33,7 @@ On a machine with an accelerator the XLA ways run there and eager on its CPU.
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,6 +63,24 @@ def model():
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
+
+
+class Clock:
+    """The timed steps' wall time, CPU time (every thread of the process, user and kernel) and
+    minor page faults (pages the kernel mapped afresh), each per step."""
+
+    def start(self):
+        self.wall, self.usage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+
+    def stop(self, steps: int) -> dict:
+        wall = time.perf_counter() - self.wall
+        now, was = resource.getrusage(resource.RUSAGE_SELF), self.usage
+        return {
+            "step_seconds": wall / steps,
+            "cpu_seconds": (now.ru_utime + now.ru_stime - was.ru_utime - was.ru_stime) / steps,
+            "kernel_seconds": (now.ru_stime - was.ru_stime) / steps,
+            "page_faults": (now.ru_minflt - was.ru_minflt) / steps,
+        }
 
 
 def batches(n: int) -> list:
@@ -94,18 +116,17 @@ def _torch_way(way: str, steps: int, warmup: int, sync_every: int = 1) -> dict:
 
     run = irt.compile_step(step) if way == "compile_step" else step
     data = [irt.to_lazy(b) for b in batches(steps)] if lazy else batches(steps)
-    losses = []
+    losses, clock = [], Clock()
     for k, ids in enumerate(data):
         if k == warmup:
-            start = time.perf_counter()
+            clock.start()
         loss = run(ids)
         if way == "mark_step":
             irt.mark_step()
         losses.append(loss)
         if (k + 1) % sync_every == 0 or k + 1 == len(data):
             losses[-1] = losses[-1].item()  # (waits for the step)
-    seconds = (time.perf_counter() - start) / (len(data) - warmup)
-    return {"losses": [float(x) for x in losses], "step_seconds": seconds}
+    return {"losses": [float(x) for x in losses], **clock.stop(len(data) - warmup)}
 
 
 def _jax_way(steps: int, warmup: int, sync_every: int = 1) -> dict:
@@ -182,20 +203,19 @@ def _jax_way(steps: int, warmup: int, sync_every: int = 1) -> dict:
     m = jax.tree.map(jnp.zeros_like, params)
     v = jax.tree.map(jnp.zeros_like, params)
     t = jnp.zeros((), jnp.float32)
-    losses = []
+    losses, clock = [], Clock()
     data = [jnp.asarray(ids.numpy()) for ids in batches(steps)]
     for k, ids in enumerate(data):
         if k == warmup:
-            start = time.perf_counter()
+            clock.start()
         loss, params, m, v, t = step(params, m, v, t, ids)
         losses.append(loss)
         if (k + 1) % sync_every == 0 or k + 1 == len(data):
             losses[-1] = float(losses[-1])  # (waits for the step)
-    seconds = (time.perf_counter() - start) / (len(data) - warmup)
-    return {"losses": [float(x) for x in losses], "step_seconds": seconds}
+    return {"losses": [float(x) for x in losses], **clock.stop(len(data) - warmup)}
 
 
-def _child(way: str, steps: int, warmup: int, xla_flags: str, sync_every: int) -> dict:
+def _child(way: str, steps: int, warmup: int, xla_flags: str, sync_every: int, cores) -> dict:
     env = dict(os.environ)
     env.pop("IR_RUNTIME_CPU_DEVICES", None)
     if xla_flags and way != "eager" and way != "inductor":
@@ -212,6 +232,7 @@ def _child(way: str, steps: int, warmup: int, xla_flags: str, sync_every: int) -
             str(warmup),
             "--sync-every",
             str(sync_every),
+            *(["--cores", str(cores)] if cores else []),
         ],
         env=env,
         capture_output=True,
@@ -232,9 +253,15 @@ def main():
     parser.add_argument("--ways", default=",".join(WAYS))
     parser.add_argument("--xla-flags", default="")
     parser.add_argument("--sync-every", type=int, default=1)
+    parser.add_argument("--cores", type=int, help="run each way on this many of the cores")
     parser.add_argument("--way", choices=WAYS)  # (a child process)
     args = parser.parse_args()
     if args.way:
+        if args.cores:  # (before torch and XLA size their thread pools from the affinity)
+            os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cores])
+            import torch
+
+            torch.set_num_threads(args.cores)
         if args.way == "jax.jit":
             out = _jax_way(args.steps, args.warmup, args.sync_every)
         else:
@@ -247,7 +274,10 @@ def main():
     rounds = []
     for _ in range(args.rounds):
         rounds.append(
-            {w: _child(w, args.steps, args.warmup, args.xla_flags, args.sync_every) for w in ways}
+            {
+                w: _child(w, args.steps, args.warmup, args.xla_flags, args.sync_every, args.cores)
+                for w in ways
+            }
         )
     import torch
 
@@ -261,14 +291,32 @@ def main():
         w: statistics.median(r[w]["step_seconds"] / r["eager"]["step_seconds"] for r in rounds)
         for w in ways
     }
+    # where a way's time goes: how many cores it kept busy, and the kernel's share (most of it
+    # zero-filling pages mapped afresh: XLA's temporaries, mapped and unmapped by malloc per run)
+    usage = {
+        w: {
+            k: statistics.median(r[w][k] for r in rounds)
+            for k in ("cpu_seconds", "kernel_seconds", "page_faults")
+        }
+        for w in ways
+    }
     print(
         f"A small Llama's training step on one CPU device (hidden {HIDDEN}, {LAYERS} layers, "
         f"batch {BATCH}x{SEQ}, AdamW), median of {args.rounds} rounds"
         + (f"; XLA_FLAGS {args.xla_flags}" if args.xla_flags else "")
+        + (f"; on {args.cores} core(s)" if args.cores else f"; {os.cpu_count()} cores")
     )
-    print(f"{'':16s}{'step (ms)':>12s}{'/ eager':>10s}")
+    print(
+        f"{'':16s}{'step (ms)':>12s}{'/ eager':>10s}{'cores busy':>12s}{'kernel (ms)':>13s}"
+        f"{'page faults':>13s}"
+    )
     for w in ways:
-        print(f"{w:16s}{seconds[w] * 1e3:12.1f}{ratios[w]:10.3f}")
+        u = usage[w]
+        print(
+            f"{w:16s}{seconds[w] * 1e3:12.1f}{ratios[w]:10.3f}"
+            f"{u['cpu_seconds'] / seconds[w]:12.2f}{u['kernel_seconds'] * 1e3:13.1f}"
+            f"{u['page_faults']:13.0f}"
+        )
     if "ir_runtime" in ways and "compile_step" in ways:
         over = statistics.median(
             r["ir_runtime"]["step_seconds"] / r["compile_step"]["step_seconds"] for r in rounds
@@ -281,6 +329,8 @@ def main():
         {
             "step_seconds": seconds,
             "ratio_to_eager": ratios,
+            "usage_per_step": usage,
+            "cores": args.cores,
             "xla_flags": args.xla_flags,
             "rounds": [{w: r[w]["step_seconds"] for w in ways} for r in rounds],
             "environment": benchjson.environment(torch=torch.__version__),

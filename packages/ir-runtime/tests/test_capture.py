@@ -975,10 +975,14 @@ def test_a_guard_failing_call_after_call_is_named_and_replaying_says_so():
         opt.step()
         opt.zero_grad()
 
-    with pytest.warns(irt.CaptureWarning, match=r"a guard fails call after call .*calls changed"):
+    with pytest.warns(
+        irt.CaptureWarning, match=r"a guard fails call after call .*calls changed"
+    ) as caught:
         for k in range(8):
             opt.param_groups[0]["calls"] = k
             train(irt.to_lazy(torch.ones(3)))
+    # it names the caller's line (the replay, and its miss, were taken in C)
+    assert [w.filename for w in caught.list] == [__file__], [str(w) for w in caught.list]
     assert not train.replaying
     assert train.last_guard_failure.startswith("optimizer SGD's calls changed")
     close(w, torch.full((3,), 1.0 - 8 * 0.5))
