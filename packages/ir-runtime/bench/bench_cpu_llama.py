@@ -215,7 +215,9 @@ def _jax_way(steps: int, warmup: int, sync_every: int = 1) -> dict:
     return {"losses": [float(x) for x in losses], **clock.stop(len(data) - warmup)}
 
 
-def _child(way: str, steps: int, warmup: int, xla_flags: str, sync_every: int, cores) -> dict:
+def _child(
+    way: str, steps: int, warmup: int, xla_flags: str, sync_every: int, cores: int | None
+) -> dict:
     env = dict(os.environ)
     env.pop("IR_RUNTIME_CPU_DEVICES", None)
     if xla_flags and way != "eager" and way != "inductor":

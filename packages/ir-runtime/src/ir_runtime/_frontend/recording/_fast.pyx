@@ -396,9 +396,7 @@ def held(data):
         t = spares.pop()
     if not PyObject_GC_IsTracked(t):  # (a spare: in the collector's sight from now on)
         PyObject_GC_Track(<void*>t)
-    t._ir = VALUE(data, 0)
-    t._placed = data.sharding
-    t._held = id(data)
+    _hold(t, data)
     track_(t)
     return t
 
@@ -417,11 +415,17 @@ def spares():
 def bind(t, data):
     """``LazyTensor._bind``: the tensor now holds ``data`` (a step's result, or data placed
     for it), placed as that data is, its buffer one a step may take over (``_held``)."""
+    _hold(t, data)
+    if "_order" in t.__dict__:  # (_device_orders' note of the value before)
+        del t._order
+
+
+cdef inline int _hold(object t, object data) except -1:
+    """``t``'s value is now ``data``'s (a ``DeviceData``), held where that data is placed."""
     t._ir = VALUE(data, 0)
     t._placed = data.sharding
     t._held = id(data)
-    if "_order" in t.__dict__:  # (_device_orders' note of the value before)
-        del t._order
+    return 0
 
 
 cdef inline bint is_plain(object v):
