@@ -32,6 +32,15 @@ ir_runtime.init(cpu_devices=8)
 # 384-row shards straddle the q/k/v split. So does jax's own program for it.)
 
 REMATERIALIZED = "Involuntary full rematerialization"
+# The runtime bounds a CPU program's blocks of temporaries only when every value of its graph
+# fits in the bound; XLA warns of a buffer over it (one the graph did not show).
+OVER_THE_BOUND = "larger than the per-heap size limit"
+WATCHED = {
+    REMATERIALIZED: "XLA's partitioner rematerialized a value in full {n} time(s) during this "
+    "test (a placement it cannot reach efficiently)",
+    OVER_THE_BOUND: "XLA found {n} buffer(s) over the bound on a CPU program's blocks of "
+    "temporaries during this test (a value the graph did not show)",
+}
 
 
 class StderrAtFd:
@@ -66,8 +75,8 @@ def pytest_configure(config):
 
 def _watched(item):
     """Runs a test phase with its file descriptor 2 read (inside pytest's own capture, which
-    takes the descriptor back at each phase), and fails the test if XLA's partitioner
-    rematerialized a value in full meanwhile."""
+    takes the descriptor back at each phase), and fails the test if XLA logged what ``WATCHED``
+    names meanwhile."""
     reads_fd = {"capfd", "capfdbinary"} & set(getattr(item, "fixturenames", ()))
     if (
         item.get_closest_marker("rematerializes")
@@ -80,12 +89,10 @@ def _watched(item):
         return (yield)
     with StderrAtFd() as err:
         result = yield
-    lines = [line for line in err.text.splitlines() if REMATERIALIZED in line]
-    if lines:
-        raise AssertionError(
-            f"XLA's partitioner rematerialized a value in full {len(lines)} time(s) during "
-            f"this test (a placement it cannot reach efficiently); the first:\n{lines[0]}"
-        )
+    for needle, what in WATCHED.items():
+        lines = [line for line in err.text.splitlines() if needle in line]
+        if lines:
+            raise AssertionError(what.format(n=len(lines)) + f"; the first:\n{lines[0]}")
     return result
 
 

@@ -9,10 +9,13 @@ end is ``_execute``.
 
 from __future__ import annotations
 
+import math
+import os
 import time
 
 from ir_core import DeviceData, Shape
 from ir_runtime import _launch, _metrics, _profile
+from ir_runtime._dtypes import to_numpy_dtype
 from ir_runtime._errors import CompileError
 from ir_runtime._lower import lowered
 from ir_runtime._memory import check_fits
@@ -21,6 +24,44 @@ from ir_runtime._placement import spec_from_jax
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 LAST_RUN = _launch.LAST_RUN  # the Executable that ran last
+
+# XLA splits a CPU program's temporaries into blocks of at most this many bytes. XLA's CPU
+# client takes each block from malloc on every run, and glibc maps a block above its mmap
+# threshold (at most 32 MiB) afresh each time, so the kernel zero-fills every page of it again:
+# on a small Llama's step that was a 136 MiB block, 34,000 page faults and a tenth of the
+# step. Blocks under the threshold come from glibc's heap and are reused run after run.
+# XLA gives any buffer larger than the bound a block of its own, and then a large program's
+# blocks cannot share memory (an attention program's temporaries grew 1.6x): the bound is set
+# only for programs whose every value fits in it. (Accelerators keep a pool of device memory:
+# their programs are left as XLA makes them.)
+_CPU_HEAP = "xla_multiheap_size_constraint_per_heap"
+CPU_HEAP_BYTES = 16 << 20
+_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")  # (XLA reads them once, when its backend starts)
+_ITEMSIZE: dict = {}
+
+
+def _largest(order) -> int:
+    """Bytes of the largest value the nodes in ``order`` make (whole, unsharded: at least any
+    device's share of it)."""
+    top = 0
+    for node in order:
+        for shape in node.shapes:
+            size = _ITEMSIZE.get(shape.dtype)
+            if size is None:
+                size = _ITEMSIZE[shape.dtype] = to_numpy_dtype(shape.dtype).itemsize
+            top = max(top, math.prod(shape.dims) * size)
+    return top
+
+
+def compiler_options(g) -> dict:
+    """XLA's options for the program of graph ``g`` (a function of the graph, its devices'
+    platform and XLA_FLAGS, all in the compile cache's key). A user's ``XLA_FLAGS`` naming an
+    option wins."""
+    if g.program.devices[0].platform != "cpu" or _CPU_HEAP in _XLA_FLAGS:
+        return {}
+    if _largest(g.order) > CPU_HEAP_BYTES:
+        return {}
+    return {_CPU_HEAP: CPU_HEAP_BYTES}
 
 
 def memory_of(compiled) -> dict | None:
@@ -56,7 +97,7 @@ class Executable:
         start = time.perf_counter()
         try:
             with _profile.span("ir_runtime.compile"):
-                self.compiled = lowering.compile()
+                self.compiled = lowering.compile(compiler_options(g))
         except Exception as e:
             raise CompileError(f"XLA could not compile the graph: {type(e).__name__}: {e}") from e
         _metrics.record("CompileTime", time.perf_counter() - start)

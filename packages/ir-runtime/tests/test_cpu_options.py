@@ -1,0 +1,123 @@
+"""XLA's options per program: a CPU program whose every value is small splits its temporaries
+into blocks that glibc's heap serves again run after run, instead of one block the kernel maps
+and zero-fills afresh on every run."""
+
+import platform
+import resource
+
+import jax
+import numpy as np
+import pytest
+from models import f32, op
+
+import ir_runtime as irt
+from ir_core import Value
+from ir_runtime import _executable
+from ir_runtime._graph import Graph
+
+N = 1024  # a 4 MiB float32 matrix
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    irt.CACHE.clear()
+    yield
+    irt.CACHE.clear()
+
+
+def chain(n=N, links=16):
+    """A product of ``links`` matrix powers of a matrix, every power still needed at the end:
+    XLA keeps them all at once, about 60 MiB of temporaries in values of 4 MiB."""
+    rng = np.random.default_rng(0)
+    x = Value(irt.to_device(rng.random((n, n), np.float32) / n))
+    w = Value(irt.to_device(rng.random((n, n), np.float32) / n))
+    ys = [x]
+    for _ in range(links):
+        ys.append(op("aten::mm.default", ys[-1], w, shape=f32(n, n)))
+    out = ys[1]
+    for y in ys[2:]:
+        out = op(
+            "aten::mul.Tensor", out, op("aten::tanh.default", y, shape=f32(n, n)), shape=f32(n, n)
+        )
+    return out
+
+
+def test_a_program_of_small_values_gets_the_bound_and_a_large_value_takes_it_away(monkeypatch):
+    small = Graph([chain(n=64, links=2)])
+    assert _executable.compiler_options(small) == {
+        "xla_multiheap_size_constraint_per_heap": _executable.CPU_HEAP_BYTES
+    }
+    # One value over the bound: XLA would give it a block of its own that nothing shares.
+    big = 2048  # 2048 x 2048 float32: exactly 16 MiB, at the bound; one more row is over it
+    assert _executable.compiler_options(Graph([chain(n=big, links=1)])) != {}
+    x = Value(irt.to_device(np.ones((big + 1, big), np.float32)))
+    over = Graph([op("aten::neg.default", x, shape=f32(big + 1, big))])
+    assert _executable.compiler_options(over) == {}
+    # A user's XLA_FLAGS naming the option wins.
+    monkeypatch.setattr(_executable, "_XLA_FLAGS", "--xla_multiheap_size_constraint_per_heap=-1")
+    assert _executable.compiler_options(small) == {}
+
+
+def test_the_compiled_program_is_given_the_options_and_computes_the_same(monkeypatch):
+    seen = []
+    compile_ = jax.stages.Lowered.compile
+
+    def spy(self, compiler_options=None, **kwargs):
+        seen.append(compiler_options)
+        return compile_(self, compiler_options, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    root = chain(n=64, links=2)
+    (out,) = irt.execute([root])
+    assert seen == [_executable.compiler_options(Graph([root]))] and seen[0]
+    # numpy's float64 of the same chain
+    x, w = (np.asarray(v.node.handle, np.float64) for v in _leaves(root))
+    y1 = x @ w
+    want = y1 * np.tanh(y1 @ w)
+    np.testing.assert_allclose(irt.to_host(out), want, rtol=1e-5)
+
+
+def _leaves(root):
+    """The chain's x and w."""
+    mm = root.node.operands[0]  # y1 = x @ w
+    return mm.node.operands
+
+
+def _faults_per_run(root, runs=5, batches=3) -> tuple[float, np.ndarray]:
+    """Page faults per run of the program of ``root`` (the fewest of a few batches of runs:
+    how many glibc trims off the heap's top between runs varies with what else the process
+    holds), and its result."""
+    irt.CACHE.clear()
+    for _ in range(3):  # compile, then let glibc's mmap threshold settle
+        jax.block_until_ready(irt.execute([root])[0].handle)
+    fewest = None
+    for _ in range(batches):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(runs):
+            (out,) = irt.execute([root])
+            jax.block_until_ready(out.handle)
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / runs
+        fewest = faults if fewest is None else min(fewest, faults)
+    return fewest, irt.to_host(out)
+
+
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="the bound serves glibc's malloc, which maps a large block afresh on every run",
+)
+def test_split_temporaries_are_not_mapped_afresh_on_every_run(monkeypatch):
+    root = chain()
+    exe = irt.compile([root])
+    temps = exe.memory()["temporaries"]
+    assert temps > 3 * _executable.CPU_HEAP_BYTES  # (several blocks' worth)
+    split, split_out = _faults_per_run(root)
+    monkeypatch.setattr(_executable, "CPU_HEAP_BYTES", 0)  # (every value over it: no bound)
+    whole, whole_out = _faults_per_run(root)
+    pages = temps / resource.getpagesize()
+    # One block of temporaries: every page of it faulted in again on every run.
+    assert whole > 0.8 * pages
+    # Split, blocks come back from the heap; what glibc trims off its top between runs (more
+    # than twice a block's size, free at once) is faulted in again.
+    assert split < 0.6 * whole, (split, whole, pages)
+    # Where the temporaries live changes no value.
+    np.testing.assert_array_equal(split_out, whole_out)
