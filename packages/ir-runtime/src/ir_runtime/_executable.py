@@ -32,34 +32,54 @@ LAST_RUN = _launch.LAST_RUN  # the Executable that ran last
 # step. Blocks under the threshold come from glibc's heap and are reused run after run.
 # XLA gives any buffer larger than the bound a block of its own, and then a large program's
 # blocks cannot share memory (an attention program's temporaries grew 1.6x): the bound is set
-# only for programs whose every value fits in it. (Accelerators keep a pool of device memory:
-# their programs are left as XLA makes them.)
+# only for programs whose every value fits in it, counting each element as at least 4 bytes
+# (half-precision ops compute in float32), and none whose lowering makes values the graph does
+# not show (``_HIDDEN``). (Accelerators keep a pool of device memory: their programs are left as
+# XLA makes them.)
 _CPU_HEAP = "xla_multiheap_size_constraint_per_heap"
 CPU_HEAP_BYTES = 16 << 20
-_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")  # (XLA reads them once, when its backend starts)
+# Ops whose lowering makes values the graph does not show: a region's body, attention's blocks
+# of logits (rewritten from ops whose values it does show, they are counted there).
+_HIDDEN = frozenset(
+    (
+        "ir::attention",
+        "ir::attention_backward",
+        "ir::call_jax",
+        "ir::call_jax_vjp",
+        "ir::scan_layers",
+        "ir::scan_layers_grad",
+        "ir::shard_map",
+        "ir::shard_map_grad",
+    )
+)
+# Read as the compile cache reads them for its key, when ir_runtime is imported (XLA itself reads
+# them once, when its backend starts).
+_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
 _ITEMSIZE: dict = {}
 
 
-def _largest(order) -> int:
-    """Bytes of the largest value the nodes in ``order`` make (whole, unsharded: at least any
-    device's share of it)."""
-    top = 0
+def _fits(order, bound: int) -> bool:
+    """Whether every value the nodes in ``order`` make fits in ``bound`` bytes (whole,
+    unsharded: at least any device's share of it), and none of them hides values."""
     for node in order:
+        if node.op in _HIDDEN:
+            return False
         for shape in node.shapes:
             size = _ITEMSIZE.get(shape.dtype)
             if size is None:
-                size = _ITEMSIZE[shape.dtype] = to_numpy_dtype(shape.dtype).itemsize
-            top = max(top, math.prod(shape.dims) * size)
-    return top
+                size = _ITEMSIZE[shape.dtype] = max(4, to_numpy_dtype(shape.dtype).itemsize)
+            if math.prod(shape.dims) * size > bound:
+                return False
+    return True
 
 
 def compiler_options(g) -> dict:
     """XLA's options for the program of graph ``g`` (a function of the graph, its devices'
-    platform and XLA_FLAGS, all in the compile cache's key). A user's ``XLA_FLAGS`` naming an
-    option wins."""
+    platform and XLA_FLAGS, all in the compile cache's key). ``XLA_FLAGS`` naming an option,
+    set before ir_runtime is imported, wins."""
     if g.program.devices[0].platform != "cpu" or _CPU_HEAP in _XLA_FLAGS:
         return {}
-    if _largest(g.order) > CPU_HEAP_BYTES:
+    if not _fits(g.order, CPU_HEAP_BYTES):
         return {}
     return {_CPU_HEAP: CPU_HEAP_BYTES}
 
