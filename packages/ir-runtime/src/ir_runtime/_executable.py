@@ -55,7 +55,6 @@ _HIDDEN = frozenset(
 # Read as the compile cache reads them for its key, when ir_runtime is imported (XLA itself reads
 # them once, when its backend starts).
 _XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
-_ITEMSIZE: dict = {}
 
 
 def _fits(order, bound: int) -> bool:
@@ -65,9 +64,7 @@ def _fits(order, bound: int) -> bool:
         if node.op in _HIDDEN:
             return False
         for shape in node.shapes:
-            size = _ITEMSIZE.get(shape.dtype)
-            if size is None:
-                size = _ITEMSIZE[shape.dtype] = max(4, to_numpy_dtype(shape.dtype).itemsize)
+            size = max(4, to_numpy_dtype(shape.dtype).itemsize)
             if math.prod(shape.dims) * size > bound:
                 return False
     return True
@@ -77,9 +74,8 @@ def compiler_options(g) -> dict:
     """XLA's options for the program of graph ``g`` (a function of the graph, its devices'
     platform and XLA_FLAGS, all in the compile cache's key). ``XLA_FLAGS`` naming an option,
     set before ir_runtime is imported, wins."""
-    if g.program.devices[0].platform != "cpu" or _CPU_HEAP in _XLA_FLAGS:
-        return {}
-    if not _fits(g.order, CPU_HEAP_BYTES):
+    cpu = g.program.devices[0].platform == "cpu"
+    if not cpu or _CPU_HEAP in _XLA_FLAGS or not _fits(g.order, CPU_HEAP_BYTES):
         return {}
     return {_CPU_HEAP: CPU_HEAP_BYTES}
 
