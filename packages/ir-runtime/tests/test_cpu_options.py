@@ -2,8 +2,11 @@
 into blocks that glibc's heap serves again run after run, instead of one block the kernel maps
 and zero-fills afresh on every run."""
 
+import os
 import platform
 import resource
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -108,22 +111,47 @@ def _leaves(root):
     return mm.node.operands
 
 
-def _faults_per_run(root, runs=5, batches=3) -> tuple[float, np.ndarray]:
-    """Page faults per run of the program of ``root`` (the fewest of a few batches of runs:
-    how many glibc trims off the heap's top between runs varies with what else the process
-    holds), and its result."""
-    irt.CACHE.clear()
-    for _ in range(3):  # compile, then let glibc's mmap threshold settle
+# glibc's thresholds held where its defaults would leave them after the first runs: blocks up
+# to 32 MiB come from the heap, larger ones are mapped on their own; and the heap's free top is
+# kept. By default glibc also trims that top between runs when it grows past twice the largest
+# block freed so far, and how much it trims varies with the process's history (in a test
+# session 6,000-14,000 faults a run of this program): fixed here, the faults left are the ones
+# the split decides.
+_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+
+
+def _faults_per_run(whole: bool, out: str, runs=5, batches=3) -> None:
+    """In a process of its own: the fewest page faults per run of the program of ``chain()``
+    over a few batches of runs, with its temporaries whole or split, printed; its result saved
+    to ``out``."""
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(_executable, "_XLA_FLAGS", "")
+    if whole:
+        monkeypatch.setattr(_executable, "CPU_HEAP_BYTES", 0)  # (every value over it: no bound)
+    root = chain()
+    for _ in range(3):  # compile, then run twice: the heap has grown to what a run takes
         jax.block_until_ready(irt.execute([root])[0].handle)
     fewest = None
     for _ in range(batches):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(runs):
-            (out,) = irt.execute([root])
-            jax.block_until_ready(out.handle)
+            (result,) = irt.execute([root])
+            jax.block_until_ready(result.handle)
         faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / runs
         fewest = faults if fewest is None else min(fewest, faults)
-    return fewest, irt.to_host(out)
+    np.save(out, irt.to_host(result))
+    print(fewest)
+
+
+def _faults_in_child(whole: bool, out) -> float:
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import test_cpu_options as t; t._faults_per_run({whole}, {str(out)!r})"
+    env = dict(os.environ, GLIBC_TUNABLES=_TUNABLES)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=here, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout.split()[-1])
 
 
 @pytest.mark.skipif(
@@ -131,17 +159,17 @@ def _faults_per_run(root, runs=5, batches=3) -> tuple[float, np.ndarray]:
     reason="the bound serves glibc's malloc, which maps a large block afresh on every run",
 )
 @pytest.mark.skipif(_thp_always(), reason="huge pages unasked: faults do not count pages")
-def test_split_temporaries_are_not_mapped_afresh_on_every_run(monkeypatch):
+def test_split_temporaries_are_not_mapped_afresh_on_every_run(tmp_path):
     root = chain()
-    assert irt.compile([root]).memory()["temporaries"] > 3 * _executable.CPU_HEAP_BYTES
-    split, split_out = _faults_per_run(root)
-    monkeypatch.setattr(_executable, "CPU_HEAP_BYTES", 0)  # (every value over it: no bound)
-    whole, whole_out = _faults_per_run(root)
-    pages = irt.compile([root]).memory()["temporaries"] / resource.getpagesize()
-    # One block of temporaries: every page of it faulted in again on every run.
-    assert whole > 0.8 * pages
-    # Split, blocks come back from the heap; what glibc trims off its top between runs (more
-    # than twice a block's size, free at once) is faulted in again.
-    assert split < 0.6 * whole, (split, whole, pages)
+    temporaries = irt.compile([root]).memory()["temporaries"]
+    assert temporaries > 3 * _executable.CPU_HEAP_BYTES
+    pages = temporaries / resource.getpagesize()
+    whole = _faults_in_child(True, tmp_path / "whole.npy")
+    split = _faults_in_child(False, tmp_path / "split.npy")
+    # One block of temporaries, over glibc's largest mmap threshold: every page of it mapped
+    # and faulted in again on every run.
+    assert whole > 0.8 * pages, (whole, pages)
+    # Split, every block comes back from the heap as it was: next to no page is faulted in.
+    assert split < 0.05 * pages, (split, pages)
     # Where the temporaries live changes no value.
-    np.testing.assert_array_equal(split_out, whole_out)
+    np.testing.assert_array_equal(np.load(tmp_path / "split.npy"), np.load(tmp_path / "whole.npy"))
