@@ -446,3 +446,24 @@ def test_an_eager_region_left_open_is_pending_and_refused_by_name_where_a_progra
         m.cpu()
     out = _eager.shard_to_full(m * 2, spec, (8, 16), "the test's region", block=True)
     torch.testing.assert_close(irt.to_torch(out), host * 2)
+
+
+def test_an_embedding_gradient_inside_a_region_equals_eager():
+    # Under a mesh the embedding's gradient reads its ids whole (a placement over the mesh);
+    # inside a region each value is one device's shard, where no placement applies.
+    torch.manual_seed(0)
+    grad_c = torch.randn(8, 4, 6)
+    ids_c = torch.randint(0, 16, (8, 4))
+
+    def table_grad(g, i):
+        local = torch.ops.aten.embedding_dense_backward(g, i, 16, 3, False)
+        return irt.all_reduce(local, "data")
+
+    grad, ids = lazy(grad_c, grad=False), lazy(ids_c, grad=False)
+    summed = irt.shard_map(
+        table_grad, MESH, in_specs=(("data", None, None), ("data", None)), out_specs=(None, None)
+    )
+    got = summed(grad, ids)
+    irt.mark_step()
+    want = torch.ops.aten.embedding_dense_backward(grad_c, ids_c, 16, 3, False)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
