@@ -346,6 +346,34 @@ def test_dump_shows_the_graph_after_the_rewrite_rules():
     torch.testing.assert_close(irt.to_torch(out), (a @ b).t())
 
 
+@pytest.mark.parametrize(
+    "table_spec, whole",
+    [((("data", "model"), None), True), (("model", None), True), ((None, "model"), False),
+     (None, False)],
+    ids=["rows over every device", "rows over model", "columns", "whole"],
+)  # fmt: skip
+def test_the_gradient_of_a_row_split_embedding_reads_its_ids_whole(table_spec, whole):
+    # A table split over its rows takes every token's gradient for its own rows: its
+    # gradient reads the ids whole (an annotation the rewrite adds), where XLA's partitioner
+    # otherwise tried the ids' batch split first and fell back to replicating. Elsewhere the
+    # ids stay as the user placed them.
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(64, 16)
+    ids = torch.randint(0, 64, (8, 4))
+    lazy = irt.to_lazy(copy.deepcopy(emb))
+    if table_spec is not None:
+        irt.mark_sharding(lazy.weight, MESH, table_spec)
+    lids = irt.to_lazy(ids)
+    irt.mark_sharding(lids, MESH, ("data", None))
+    (lazy(lids) ** 2).sum().backward()
+    (emb(ids) ** 2).sum().backward()
+    grad = lazy.weight.grad
+    recorded, rewritten = irt.dump(grad), irt.dump(grad, format="rewritten")
+    assert "ir::annotate" not in recorded
+    assert ("ir::annotate" in rewritten) == whole, rewritten
+    torch.testing.assert_close(irt.to_torch(grad), emb.weight.grad, rtol=1e-5, atol=1e-6)
+
+
 def _products(mesh):
     """Eager's and the lazy gradients of a step with torch's batched products (matmul of 4-d
     tensors, linear on a 3-d input: both merge the batch dims into one, a view, around bmm /

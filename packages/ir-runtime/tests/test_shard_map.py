@@ -449,8 +449,9 @@ def test_an_eager_region_left_open_is_pending_and_refused_by_name_where_a_progra
 
 
 def test_an_embedding_gradient_inside_a_region_equals_eager():
-    # Under a mesh the embedding's gradient reads its ids whole (a placement over the mesh);
-    # inside a region each value is one device's shard, where no placement applies.
+    # Inside a region each value is one device's shard: its graph is lowered as recorded (the
+    # program's rewrites, such as a row-split table's gradient reading its ids whole, are the
+    # program's, over the mesh).
     torch.manual_seed(0)
     grad_c = torch.randn(8, 4, 6)
     ids_c = torch.randint(0, 16, (8, 4))

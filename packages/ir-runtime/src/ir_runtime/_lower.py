@@ -17,7 +17,6 @@ from ir_runtime._lowering._registry import (
     ONCE,
     ONE_DEVICE,
     OPERANDS,
-    REPLICATED,
     ROUNDING,
     WIDE,
     rule_for,
@@ -143,7 +142,6 @@ def function(g: Graph, out_order=None, checks=None):
     def run(*args):
         env = {id(p): (a,) for p, a in zip(params, args, strict=True)}
         one = ONE_DEVICE.set(program.mesh is None and len(program.devices) == 1)
-        rep = REPLICATED.set(None if program.mesh is None else program.replicated)
         try:
             with _runtime_checks.collecting(checks) as collector:
                 for n in order:
@@ -152,7 +150,6 @@ def function(g: Graph, out_order=None, checks=None):
                         env[id(n)] = lower_node(n, operands, program)
         finally:
             ONE_DEVICE.reset(one)
-            REPLICATED.reset(rep)
         outs = [env[id(r.node)][r.index] for r in roots]
         outs = tuple(outs if out_order is None else (outs[k] for k in out_order))
         return outs if collector is None else (*outs, collector.result())

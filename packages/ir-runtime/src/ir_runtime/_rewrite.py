@@ -1,10 +1,10 @@
 """Graph-to-graph rewrites applied before lowering: a table of rules, read top to bottom.
 
-Each rule is ``(ops, rewrite)``: for a node whose op is in ``ops``, ``rewrite(node, uses)``
-returns the node that replaces it (same output shapes), or None to leave it. ``uses`` counts
-each node's consumers in the graph. New nodes are built, never edited, and ``relink`` points
-the graph at them, so the graph the cache keyed on is untouched: ``rewrite`` runs only on a
-cache miss, and ``ir_runtime.dump(t, "rewritten")`` shows its result.
+Each rule is ``(ops, rewrite)``: for a node whose op is in ``ops``, ``rewrite(node, facts)``
+returns the node that replaces it (same output shapes), or None to leave it. ``facts`` says
+what a rule needs of the whole graph (``Facts``). New nodes are built, never edited, and
+``relink`` points the graph at them, so the graph the cache keyed on is untouched: ``rewrite``
+runs only on a cache miss, and ``ir_runtime.dump(t, "rewritten")`` shows its result.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 
 from ir_core import Generic, Shape, Value, post_order, relink
+from ir_runtime._placement import spec_at
+from ir_sharding import ShardingSpec
 
 _TRANSPOSES = frozenset(("aten::t.default", "aten::transpose.int", "aten::permute.default"))
 
@@ -115,7 +117,7 @@ def _broadcasts(dims, shape) -> bool:
     return all(d in (1, s) for d, s in zip(reversed(dims), reversed(shape), strict=False))
 
 
-def _folded_product(n, uses):
+def _folded_product(n, facts):
     """``mm``, ``addmm`` and ``bmm`` as one ``ir::dot`` of what their operands are made of:
     their transposes become the dot's contracting dims, and a batch torch merged into one dim
     (``linear`` on a 3-d input, ``matmul`` of 4-d tensors) stays apart, as ``jax.grad`` of the
@@ -129,7 +131,7 @@ def _folded_product(n, uses):
     return _product(n, _operand(a), _operand(b), bias_of)
 
 
-def _transposed_product(n, uses):
+def _transposed_product(n, facts):
     """``t(mm(a, b))`` as ``mm(t(b), t(a))`` (one ``ir::dot``): XLA folds transposed operands
     into the dot for free but writes a transposed result out as a copy (torch's linear
     backward makes exactly this for every weight gradient). Only when the product has no other
@@ -137,44 +139,94 @@ def _transposed_product(n, uses):
     if n.sharding is not None or len(n.operands) != 1 or not _swaps_last_two(n, 2):
         return None
     m = n.operands[0].node
-    if m.op != "aten::mm.default" or uses.get(id(m)) != 1 or m.sharding is not None:
+    if m.op != "aten::mm.default" or facts.uses.get(id(m)) != 1 or m.sharding is not None:
         return None
     a, b = m.operands
     (bways, _), (aways, _) = _operand(b, True), _operand(a, True)
     return _product(n, (bways, True), (aways, True))
 
 
-def _unmerged_product(n, uses):
+def _unmerged_product(n, facts):
     """``view(product)`` restoring the dims the product's operands merged: the ``ir::dot``
     itself, not a view of a view of it."""
     p = n.operands[0].node
-    if n.sharding is not None or p.op not in _PRODUCTS or uses.get(id(p)) != 1:
+    if n.sharding is not None or p.op not in _PRODUCTS or facts.uses.get(id(p)) != 1:
         return None
-    new = _folded_product(p, uses)
+    new = _folded_product(p, facts)
     if new is not None and new.op != DOT and new.operands[0].shape.dims == n.shapes[0].dims:
         return new.operands[0].node
     return None
+
+
+EMBEDDING = "aten::embedding.default"
+_SAME_DIMS = frozenset(("aten::_to_copy.default", "aten::clone.default", "aten::alias.default"))
+
+
+def _rows_split(v: Value):
+    """The spec of the table ``v`` (through copies to another dtype, which autocast makes)
+    when it splits the table's rows, else None."""
+    while v.node.sharding is None and v.node.op in _SAME_DIMS:
+        v = v.node.operands[0]
+    spec = spec_at(v.node.sharding, v.index)
+    if spec is None or not spec.tile_dims or spec.tile_dims[0] == 1:
+        return None
+    return spec
+
+
+def _ids_whole(n, facts):
+    """The gradient of an embedding whose table is split over its rows (FSDP, a vocabulary
+    split), with its ids read whole. Each device then adds every token's gradient into its
+    own rows, and XLA's partitioner gathers the ids and that gradient whole for it anyway; but
+    on a gradient arriving split over its hidden dim (as split biases' and norm weights'
+    gradients leave it) it first tried to match the ids' batch split, and fell back to
+    replicating ("Involuntary full rematerialization"). Where the table is whole (data
+    parallel), each device adds its own tokens' gradients and the ids stay as they are."""
+    grad, ids = n.operands
+    spec = facts.split_tables.get((id(ids.node), ids.index))
+    if n.sharding is not None or spec is None:
+        return None
+    whole = ShardingSpec.replicated(spec.mesh)
+    read = Value(Generic("ir::annotate", [ids], [ids.shape], {}, whole))
+    return Generic(n.op, [grad, read], list(n.shapes), dict(n.attrs), None, n.origin)
 
 
 RULES = (
     (_TRANSPOSES, _transposed_product),
     (_PRODUCTS, _folded_product),
     (_VIEWS, _unmerged_product),
+    (frozenset(("aten::embedding_dense_backward.default",)), _ids_whole),
 )
+
+
+class Facts:
+    """What rules read of the whole graph: ``uses``, each node's (by id) consumers;
+    ``split_tables``, per ids value an embedding reads (``(id(node), index)``), the spec of
+    its table where that splits the table's rows."""
+
+    __slots__ = ("split_tables", "uses")
+
+    def __init__(self, order):
+        self.uses: dict = {}
+        self.split_tables: dict = {}
+        for n in order:
+            for v in n.operands:
+                self.uses[id(v.node)] = self.uses.get(id(v.node), 0) + 1
+            if n.op == EMBEDDING:
+                table, ids = n.operands
+                spec = _rows_split(table)
+                if spec is not None:
+                    self.split_tables[(id(ids.node), ids.index)] = spec
 
 
 def rewrite(roots: list, order=None) -> list:
     """``roots`` after every rule of ``RULES``; the same objects when no rule applies."""
     order = post_order(roots) if order is None else order
-    uses: dict = {}
-    for n in order:
-        for v in n.operands:
-            uses[id(v.node)] = uses.get(id(v.node), 0) + 1
+    facts = Facts(order)
     replacements = {}
     for n in order:
         for ops, rule in RULES:
             if n.op in ops:
-                new = rule(n, uses)
+                new = rule(n, facts)
                 if new is not None:
                     replacements[n] = new
                     break

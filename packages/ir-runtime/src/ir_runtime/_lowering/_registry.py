@@ -24,8 +24,6 @@ ON_CHANGE: list[Callable[[], None]] = []
 # Whether the program being lowered runs on one device (no mesh): a rule may then pick the form
 # XLA's emitters run fastest, with no partitioner to read it (``_lower.function`` sets it).
 ONE_DEVICE: contextvars.ContextVar[bool] = contextvars.ContextVar("one_device", default=False)
-# The program's replicated placement over its mesh, None on one device or none (same setter).
-REPLICATED: contextvars.ContextVar = contextvars.ContextVar("replicated", default=None)
 
 # -- half precision: one rounding per op, as eager -------------------------------------------
 #

@@ -7,20 +7,11 @@ index_fill, take and put; ``0..size-1`` for the others."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ir_runtime import _runtime_checks
-from ir_runtime._lowering._registry import (
-    NATIVE,
-    ONCE,
-    REPLICATED,
-    family,
-    norm_dim,
-    out_dims,
-    out_dtype,
-)
+from ir_runtime._lowering._registry import NATIVE, ONCE, family, norm_dim, out_dims, out_dtype
 
 # Half precision (``_registry``): NATIVE, this family moves data by index; the rules that add or
 # multiply into their positions (scatter's reductions, index_add, index_reduce, index_put and put
@@ -343,17 +334,6 @@ def _embedding_backward(node, grad, indices):
     pad = node.attrs["padding_idx"]
     flat = indices.reshape(-1)
     g = grad.reshape(flat.shape[0], grad.shape[-1])  # not -1: there may be no ids
-    rep = REPLICATED.get()
-    if rep is not None:
-        # Under a mesh, the ids are read whole. A table split over its rows (FSDP, a vocabulary
-        # split) takes every token's gradient for its own rows: the partitioner gathers the
-        # ids and the gradient whole for it, and on a gradient arriving split over its hidden
-        # dim (as a split bias's or norm weight's gradient leaves it) it first tried to match
-        # the ids' batch split and fell back to replicating, with its "involuntary full
-        # rematerialization" warning. Ids read whole decide the scatter's form up front; where
-        # the table is not split over its rows (data parallel), each device still scatters its
-        # own tokens and the one cost is gathering the ids, the step's smallest tensor.
-        flat = jax.lax.with_sharding_constraint(flat, rep)
     if pad >= 0:
         g = jnp.where((flat == pad)[:, None], jnp.zeros((), g.dtype), g)
     if node.attrs["scale_grad_by_freq"]:  # each occurrence's share: 1 / how often its id occurs

@@ -35,7 +35,7 @@ from ir_core import DeviceData, post_order
 from ir_runtime import _lower, _runtime_checks
 from ir_runtime._errors import LoweringError
 from ir_runtime._jaxapi import all_gather_invariant
-from ir_runtime._lowering._registry import REPLICATED, register
+from ir_runtime._lowering._registry import register
 from ir_runtime._lowering.random import fold_key
 from ir_runtime._lowering.regions import bodies
 from ir_runtime._placement import spec_at
@@ -64,16 +64,11 @@ class Region:
         env.update((id(f), (a,)) for f, a in zip(self.free, free, strict=True))
         if self.key is not None and vary:
             env[id(self.free[self.key])] = (fold_key(free[self.key], lax.axis_index(vary)),)
-        # Inside, every value is one device's shard: no rule constrains a placement there.
-        whole = REPLICATED.set(None)
-        try:
-            with _runtime_checks.collecting(None):  # (a check's flag would leave the body)
-                for node in self.order:
-                    if type(node) is not DeviceData:
-                        operands = [env[id(v.node)][v.index] for v in node.operands]
-                        env[id(node)] = _lower.lower_node(node, operands, None)
-        finally:
-            REPLICATED.reset(whole)
+        with _runtime_checks.collecting(None):  # (a check's flag would leave the body)
+            for node in self.order:
+                if type(node) is not DeviceData:
+                    operands = [env[id(v.node)][v.index] for v in node.operands]
+                    env[id(node)] = _lower.lower_node(node, operands, None)
         return tuple(env[id(r.node)][r.index] for r in self.roots)
 
 
