@@ -347,31 +347,62 @@ def test_dump_shows_the_graph_after_the_rewrite_rules():
 
 
 @pytest.mark.parametrize(
-    "table_spec, whole",
-    [((("data", "model"), None), True), (("model", None), True), ((None, "model"), False),
-     (None, False)],
-    ids=["rows over every device", "rows over model", "columns", "whole"],
+    "table_spec, whole, dtype",
+    [((("data", "model"), None), True, None), ((("data", "model"), None), True, torch.bfloat16),
+     (("model", None), False, None), ((None, "model"), False, None), (None, False, None)],
+    ids=["rows over every device", "rows over every device, a bfloat16 copy", "rows over model",
+         "columns", "whole"],
 )  # fmt: skip
-def test_the_gradient_of_a_row_split_embedding_reads_its_ids_whole(table_spec, whole):
-    # A table split over its rows takes every token's gradient for its own rows: its
-    # gradient reads the ids whole (an annotation the rewrite adds), where XLA's partitioner
-    # otherwise tried the ids' batch split first and fell back to replicating. Elsewhere the
-    # ids stay as the user placed them.
+def test_the_gradient_of_an_fsdp_embedding_reads_its_ids_whole(table_spec, whole, dtype):
+    # A table split over its rows on every device takes every token's gradient for its own
+    # rows: its gradient reads the ids whole (an annotation the rewrite adds), where XLA's
+    # partitioner otherwise tried the ids' batch split first and fell back to replicating.
+    # Elsewhere the ids stay as the user placed them.
     torch.manual_seed(0)
-    emb = torch.nn.Embedding(64, 16)
+    table = torch.randn(64, 16, requires_grad=True)
     ids = torch.randint(0, 64, (8, 4))
-    lazy = irt.to_lazy(copy.deepcopy(emb))
+    lazy = irt.to_lazy(table.detach())
     if table_spec is not None:
-        irt.mark_sharding(lazy.weight, MESH, table_spec)
+        irt.mark_sharding(lazy, MESH, table_spec)
+    lazy.requires_grad_()
     lids = irt.to_lazy(ids)
     irt.mark_sharding(lids, MESH, ("data", None))
-    (lazy(lids) ** 2).sum().backward()
-    (emb(ids) ** 2).sum().backward()
-    grad = lazy.weight.grad
-    recorded, rewritten = irt.dump(grad), irt.dump(grad, format="rewritten")
+
+    def loss(t, i):
+        return (torch.nn.functional.embedding(i, t if dtype is None else t.to(dtype)) ** 2).sum()
+
+    loss(lazy, lids).backward()
+    loss(table, ids).backward()
+    recorded, rewritten = irt.dump(lazy.grad), irt.dump(lazy.grad, format="rewritten")
     assert "ir::annotate" not in recorded
-    assert ("ir::annotate" in rewritten) == whole, rewritten
-    torch.testing.assert_close(irt.to_torch(grad), emb.weight.grad, rtol=1e-5, atol=1e-6)
+    lines = rewritten.splitlines()
+    backward = next(line for line in lines if "aten::embedding_dense_backward" in line)
+    ids_read = backward.split("(")[1].split(")")[0].split(", ")[1]  # its second operand
+    read = next(line for line in lines if line.startswith(ids_read + " = "))
+    replicated = "ir::annotate" in read and "sharding=ShardingSpec.replicated(" in read
+    assert replicated == whole, rewritten
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype is None else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(irt.to_torch(lazy.grad), table.grad, **tol)
+
+
+def test_ids_an_fsdp_table_shares_with_a_whole_one_stay_as_placed():
+    # One ids tensor indexing a table split over every device and a whole one: reading the
+    # ids whole would gather them for the whole table's gradient too (data parallel's
+    # all-gather for nothing), so neither gradient's ids are annotated.
+    a, b = torch.randn(64, 16), torch.randn(64, 16)
+    ids = torch.randint(0, 64, (8, 4))
+    la, lb = irt.to_lazy(a), irt.to_lazy(b)
+    irt.mark_sharding(la, MESH, (("data", "model"), None))
+    la.requires_grad_(), lb.requires_grad_()
+    lids = irt.to_lazy(ids)
+    irt.mark_sharding(lids, MESH, ("data", None))
+    F = torch.nn.functional
+    (F.embedding(lids, la) * F.embedding(lids, lb)).sum().backward()
+    assert "ir::annotate" not in irt.dump([la.grad, lb.grad], format="rewritten")
+    ea, eb = a.clone().requires_grad_(), b.clone().requires_grad_()
+    (F.embedding(ids, ea) * F.embedding(ids, eb)).sum().backward()
+    torch.testing.assert_close(irt.to_torch(la.grad), ea.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(irt.to_torch(lb.grad), eb.grad, rtol=1e-5, atol=1e-6)
 
 
 def _products(mesh):

@@ -164,30 +164,33 @@ _SAME_DIMS = frozenset(("aten::_to_copy.default", "aten::clone.default", "aten::
 
 def _rows_split(v: Value):
     """The spec of the table ``v`` (through copies to another dtype, which autocast makes)
-    when it splits the table's rows, else None."""
+    when it splits the table's rows over every device of its mesh (FSDP's placement), else
+    None."""
     while v.node.sharding is None and v.node.op in _SAME_DIMS:
         v = v.node.operands[0]
     spec = spec_at(v.node.sharding, v.index)
-    if spec is None or not spec.tile_dims or spec.tile_dims[0] == 1:
+    if spec is None or not spec.tile_dims or spec.tile_dims[0] != spec.mesh.size:
         return None
     return spec
 
 
 def _ids_whole(n, facts):
-    """The gradient of an embedding whose table is split over its rows (FSDP, a vocabulary
-    split), with its ids read whole. Each device then adds every token's gradient into its
-    own rows, and XLA's partitioner gathers the ids and that gradient whole for it anyway; but
-    on a gradient arriving split over its hidden dim (as split biases' and norm weights'
-    gradients leave it) it first tried to match the ids' batch split, and fell back to
-    replicating ("Involuntary full rematerialization"). Where the table is whole (data
-    parallel), each device adds its own tokens' gradients and the ids stay as they are."""
+    """The gradient of an embedding whose table is split over its rows on every device, with
+    its ids read whole. Each device adds every token's gradient into its own rows, and XLA's
+    partitioner gathers the ids and that gradient whole for it anyway; but on a gradient
+    arriving split over its hidden dim (as split biases' and norm weights' gradients leave
+    it) it first tried to match the ids' batch split, and fell back to replicating
+    ("Involuntary full rematerialization"). Elsewhere the ids stay as the user placed them: a
+    whole table (data parallel) has each device add its own tokens' gradients, and reading
+    the ids whole would gather them for nothing; a table split over some of the mesh's axes
+    is left to the partitioner (not measured)."""
     grad, ids = n.operands
     spec = facts.split_tables.get((id(ids.node), ids.index))
     if n.sharding is not None or spec is None:
         return None
     whole = ShardingSpec.replicated(spec.mesh)
-    read = Value(Generic("ir::annotate", [ids], [ids.shape], {}, whole))
-    return Generic(n.op, [grad, read], list(n.shapes), dict(n.attrs), None, n.origin)
+    read = Value(Generic("ir::annotate", [ids], [ids.shape], {}, whole, n.origin))
+    return n.clone(operands=[grad, read])
 
 
 RULES = (
@@ -200,22 +203,24 @@ RULES = (
 
 class Facts:
     """What rules read of the whole graph: ``uses``, each node's (by id) consumers;
-    ``split_tables``, per ids value an embedding reads (``(id(node), index)``), the spec of
-    its table where that splits the table's rows."""
+    ``split_tables``, per ids value embeddings read (``(id(node), index)``), the spec of their
+    table when every table read through those ids is split over its rows on every device
+    (``_rows_split``; ids shared with a table that is not are left out)."""
 
     __slots__ = ("split_tables", "uses")
 
     def __init__(self, order):
         self.uses: dict = {}
-        self.split_tables: dict = {}
+        tables: dict = {}  # ids -> the specs _rows_split gives of each table they index
         for n in order:
             for v in n.operands:
                 self.uses[id(v.node)] = self.uses.get(id(v.node), 0) + 1
             if n.op == EMBEDDING:
                 table, ids = n.operands
-                spec = _rows_split(table)
-                if spec is not None:
-                    self.split_tables[(id(ids.node), ids.index)] = spec
+                tables.setdefault((id(ids.node), ids.index), []).append(_rows_split(table))
+        self.split_tables = {
+            k: specs[0] for k, specs in tables.items() if all(s is not None for s in specs)
+        }
 
 
 def rewrite(roots: list, order=None) -> list:
