@@ -28,8 +28,8 @@ ir_runtime.init(cpu_devices=8)
 # C++ log ("Involuntary full rematerialization"), on file descriptor 2. No test of this suite
 # may make it (but torch_xla's vendored suite): every sharded model here is placed so that the
 # partitioner never falls back.
-# (The 1 GiB GPT of bench_memory.py, FSDP over 8 devices, does: its fused qkv weight's
-# 384-row shards straddle the q/k/v split. So does jax's own program for it.)
+# (jax's own program for the 1 GiB GPT of bench_memory.py, FSDP over 8 devices, does, at its
+# embedding's gradient; ours reads that gradient's ids whole: ``_rewrite._ids_whole``.)
 
 REMATERIALIZED = "Involuntary full rematerialization"
 # The runtime bounds a CPU program's blocks of temporaries only when every value of its graph
