@@ -265,6 +265,7 @@ def lint(session):
         f"{RUNTIME}/src/ir_runtime/_launch.pyx",
         f"{RUNTIME}/src/ir_runtime/_frontend/recording/_fast.pyx",
         f"{RUNTIME}/src/ir_runtime/_frontend/steps/_hot.pyx",
+        f"{RUNTIME}/src/ir_runtime/_lowering/_ffi.pyx",
     ]
     session.run("cython-lint", "--max-line-length", "100", *pyx)
 

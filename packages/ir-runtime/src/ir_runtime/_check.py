@@ -343,6 +343,7 @@ _ARITY = {
     **{op: (1, 1) for op in _COLLECTIVES},
     "ir::axis_index": (0, 1),
     "ir::annotate": (1, 1),
+    "ir::materialize": (1, 1),
     "ir::shard_alike": (2, 2),
 }
 _SCANS = ("ir::scan_layers", "ir::scan_layers_grad")
@@ -359,7 +360,7 @@ _ATTRS = {
     "ir::call_jax_vjp": ("fn", "name", "wrt", "outs", "inputs"),
     **dict.fromkeys(_ATTENTIONS, ("causal", "scale")),
 }
-_SAME_SHAPES = ("ir::annotate", "ir::shard_alike", "ir::optimization_barrier")
+_SAME_SHAPES = ("ir::annotate", "ir::materialize", "ir::shard_alike", "ir::optimization_barrier")
 _KEY = ("uint32", (3,))
 
 

@@ -136,7 +136,7 @@ def function(g: Graph, out_order=None, checks=None):
     programs, not graphs. ``checks``: a list, for a checked program (``_runtime_checks``):
     tracing fills it, and the function returns the checks' flags after the results."""
     params, program = g.params, g.program
-    roots = rewrite(g.roots, g.order)
+    roots = rewrite(g.roots, g.order, program)
     order = g.order if roots is g.roots else post_order(roots)
 
     def run(*args):

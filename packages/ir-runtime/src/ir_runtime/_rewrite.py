@@ -193,7 +193,54 @@ def _ids_whole(n, facts):
     return n.clone(operands=[grad, read])
 
 
+# Elementwise ops XLA's CPU fusion evaluates again wherever their value is read, each costing
+# tens of nanoseconds an element (scalar calls into libm): measured on a small Llama's rotary
+# embedding, whose cos and sin 16 fusions broadcast over the heads. (Other transcendentals
+# were not measured, and are left as they are.)
+COMPUTED_ONCE = frozenset(("aten::cos.default", "aten::sin.default"))
+MATERIALIZE = "ir::materialize"
+_REAL = frozenset(("float16", "bfloat16", "float32", "float64"))
+
+
+def _read_again(n, facts) -> bool:
+    """Whether the value of ``n`` is read more than once per element: followed through its
+    sole consumer while that makes as many elements (an elementwise op, a view, a cast), it
+    reaches a value that two or more nodes consume, or a consumer that makes more elements
+    than it (a broadcast)."""
+    size = math.prod(n.shapes[0].dims)
+    while True:
+        users = facts.users.get(id(n))
+        if users is None:
+            return False
+        if len(users) > 1:
+            return True
+        user = users[0]
+        if len(user.shapes) != 1:
+            return False
+        made = math.prod(user.shapes[0].dims)
+        if made != size:
+            return made > size
+        n = user
+
+
+def _computed_once(n, facts):
+    """On one CPU device, a cos or sin whose value is read more than once per element
+    (``_read_again``), computed once: through ``ir::materialize``, which XLA's CPU does not fuse
+    into the consumers. Its fusion otherwise copies the cos into each consumer and evaluates it
+    per element that consumer makes: a small Llama's training step spent 3-6% of its time in
+    its rotary embedding's cos and sin, evaluated for each of 8 heads in 16 fusions. Not on a
+    mesh: XLA's partitioner cannot see through a custom call, and would gather its operand
+    whole."""
+    if not facts.one_cpu or n.sharding is not None or n.shapes[0].dtype not in _REAL:
+        return None
+    if not _read_again(n, facts):
+        return None
+    once = Value(n.clone())  # (a copy: the replacement reads the node it replaces)
+    return Generic(MATERIALIZE, [once], list(n.shapes), {}, None, n.origin)
+
+
 RULES = (
+    (COMPUTED_ONCE, _computed_once),
     (_TRANSPOSES, _transposed_product),
     (_PRODUCTS, _folded_product),
     (_VIEWS, _unmerged_product),
@@ -202,19 +249,26 @@ RULES = (
 
 
 class Facts:
-    """What rules read of the whole graph: ``uses``, each node's (by id) consumers;
+    """What rules read of the whole graph: ``uses``, how many operands read each node (by id);
+    ``users``, the distinct nodes that read it; ``one_cpu``, whether the program runs on one
+    CPU device (no mesh);
     ``split_tables``, per ids value embeddings read (``(id(node), index)``), the spec of their
     table when every table read through those ids is split over its rows on every device
     (``_rows_split``; ids shared with a table that is not are left out)."""
 
-    __slots__ = ("split_tables", "uses")
+    __slots__ = ("one_cpu", "split_tables", "users", "uses")
 
-    def __init__(self, order):
+    def __init__(self, order, one_cpu: bool = False):
+        self.one_cpu = one_cpu
         self.uses: dict = {}
+        self.users: dict = {}
         tables: dict = {}  # ids -> the specs _rows_split gives of each table they index
         for n in order:
             for v in n.operands:
                 self.uses[id(v.node)] = self.uses.get(id(v.node), 0) + 1
+                users = self.users.setdefault(id(v.node), [])
+                if not users or users[-1] is not n:  # (operands of one node come together)
+                    users.append(n)
             if n.op == EMBEDDING:
                 table, ids = n.operands
                 tables.setdefault((id(ids.node), ids.index), []).append(_rows_split(table))
@@ -223,10 +277,18 @@ class Facts:
         }
 
 
-def rewrite(roots: list, order=None) -> list:
-    """``roots`` after every rule of ``RULES``; the same objects when no rule applies."""
+def rewrite(roots: list, order=None, program=None) -> list:
+    """``roots`` after every rule of ``RULES``; the same objects when no rule applies.
+    ``program``: where the graph runs (``_graph.Program``; rules that depend on it apply only
+    when it is given)."""
     order = post_order(roots) if order is None else order
-    facts = Facts(order)
+    one_cpu = (
+        program is not None
+        and program.mesh is None
+        and len(program.devices) == 1
+        and program.devices[0].platform == "cpu"
+    )
+    facts = Facts(order, one_cpu)
     replacements = {}
     for n in order:
         for ops, rule in RULES:

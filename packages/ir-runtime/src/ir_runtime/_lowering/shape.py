@@ -1,8 +1,10 @@
 """Shape and layout: reshape, permute, expand, squeeze, slice, select, concat, pad, flip, and
-tensors built from attributes alone (constants, full, arange); the optimization barrier."""
+tensors built from attributes alone (constants, full, arange); the optimization barrier and
+the identities the graph keeps for their effect on XLA (annotate, materialize)."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -322,6 +324,48 @@ def _annotate(node, x):
     """``x`` unchanged: the node exists for its sharding, which lowering applies to its
     output (``mark_sharding_with_gradients``'s gradient, ``shard_as``)."""
     return x
+
+
+FFI_MATERIALIZE = "ir_runtime_materialize"  # the CPU handler's name in XLA's FFI registry
+_REGISTERED: list = []  # [True] once the handler is registered (at the first CPU lowering)
+
+
+def _handed_on(x):
+    """``x`` through the CPU handler of ``ir::materialize`` (``_ffi``): a custom call whose
+    result is its operand's buffer (aliased), registered with XLA at its first use."""
+    if not _REGISTERED:
+        from ir_runtime._lowering import _ffi
+
+        jax.ffi.register_ffi_target(FFI_MATERIALIZE, _ffi.materialize(), platform="cpu")
+        _REGISTERED.append(True)
+    call = jax.ffi.ffi_call(
+        FFI_MATERIALIZE,
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        input_output_aliases={0: 0},
+        vmap_method="broadcast_all",
+    )
+    return call(x)
+
+
+@jax.custom_jvp
+def materialized(x):
+    """``x`` unchanged, computed into a buffer of its own: on XLA's CPU through a custom call,
+    which XLA does not fuse into ``x``'s consumers; elsewhere ``x`` itself. Its derivative is
+    the identity's (a region's ``jax.vjp`` may meet it)."""
+    return lax.platform_dependent(x, cpu=_handed_on, default=lambda x: x)
+
+
+@materialized.defjvp
+def _materialized_jvp(primals, tangents):
+    return materialized(primals[0]), tangents[0]
+
+
+@register("ir::materialize")
+def _materialize(node, x):
+    """``x`` unchanged, computed once (``_rewrite._computed_once``): XLA's CPU fusion would
+    evaluate an elementwise producer again in every fusion that consumes it, per element each
+    makes (a rotary embedding's cos, broadcast over the heads)."""
+    return materialized(x)
 
 
 @register("ir::shard_alike")

@@ -15,6 +15,7 @@ from ir_runtime._frontend.recording._convert import host_numpy
 from ir_runtime._frontend.recording._device_orders import check_annotation
 from ir_runtime._frontend.recording._tensor import LazyTensor, as_value, live
 from ir_runtime._frontend.steps import _step
+from ir_runtime._graph import Graph
 from ir_runtime._lower import lower
 from ir_runtime._rewrite import rewrite
 from ir_sharding import Mesh, ShardingError, ShardingSpec, with_sharding
@@ -252,7 +253,7 @@ def dump(tensors, format: str = "text") -> str:
     if format == "dot":
         return dump_dot(roots)
     if format == "rewritten":
-        return dump_text(rewrite(roots))
+        return dump_text(rewrite(roots, program=Graph(roots).program))
     if format == "stablehlo":
         return lower(roots, debug_info=True)
     raise ValueError(f"format must be 'text', 'dot', 'rewritten' or 'stablehlo', got {format!r}")
