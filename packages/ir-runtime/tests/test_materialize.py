@@ -155,3 +155,14 @@ def test_other_platforms_lower_it_as_the_identity():
     assert FFI_MATERIALIZE not in tpu.as_text()
     cpu = jax.jit(lambda x: materialized(jnp.cos(x))).lower(x)
     assert FFI_MATERIALIZE in cpu.as_text()
+
+
+def test_a_dump_of_tensors_no_one_program_runs_still_shows_the_rewritten_graph():
+    # Tensors over two device orders make no one program (each runs its own): the rules that
+    # need the program do not apply, and the text is shown rather than refused.
+    a, b = irt.to_lazy(torch.randn(8, 4)), irt.to_lazy(torch.randn(8, 4))
+    irt.mark_sharding(a, irt.Mesh(np.arange(8), (8,), ("x",)), ("x", None))
+    irt.mark_sharding(b, irt.Mesh(np.arange(8)[::-1].copy(), (8,), ("x",)), ("x", None))
+    text = irt.dump([a.cos() * 2, b.sin() + 1], format="rewritten")
+    assert "aten::cos.default" in text and "aten::sin.default" in text
+    assert "ir::materialize" not in text

@@ -9,6 +9,7 @@ from ir_core import DeviceData, Shape, Value, dump_dot, dump_text, relink
 from ir_runtime import _metrics
 from ir_runtime._data import device_data, put
 from ir_runtime._dtypes import name_of
+from ir_runtime._errors import LoweringError
 from ir_runtime._execute import reshard
 from ir_runtime._frontend import _transformers
 from ir_runtime._frontend.recording._convert import host_numpy
@@ -253,7 +254,11 @@ def dump(tensors, format: str = "text") -> str:
     if format == "dot":
         return dump_dot(roots)
     if format == "rewritten":
-        return dump_text(rewrite(roots, program=Graph(roots).program))
+        try:
+            program = Graph(roots).program
+        except LoweringError:  # (no program, such as two device orders: the rules needing one
+            program = None  # do not apply, and the text is still shown)
+        return dump_text(rewrite(roots, program=program))
     if format == "stablehlo":
         return lower(roots, debug_info=True)
     raise ValueError(f"format must be 'text', 'dot', 'rewritten' or 'stablehlo', got {format!r}")
