@@ -202,11 +202,16 @@ MATERIALIZE = "ir::materialize"
 _REAL = frozenset(("float16", "bfloat16", "float32", "float64"))
 
 
+# Consumers that make more elements than they read, each element read once.
+_GROWING_ONCE = frozenset(("aten::cat.default", "aten::constant_pad_nd.default"))
+
+
 def _read_again(n, facts) -> bool:
     """Whether the value of ``n`` is read more than once per element: followed through its
     sole consumer while that makes as many elements (an elementwise op, a view, a cast), it
-    reaches a value that two or more nodes consume, or a consumer that makes more elements
-    than it (a broadcast)."""
+    reaches a value that two or more consumers read (a root's result counting as one), or a
+    consumer that makes more elements than it (a broadcast, a product; not a concatenation
+    or a pad, which read each element once)."""
     size = math.prod(n.shapes[0].dims)
     while True:
         users = facts.users.get(id(n))
@@ -215,11 +220,11 @@ def _read_again(n, facts) -> bool:
         if len(users) > 1:
             return True
         user = users[0]
-        if len(user.shapes) != 1:
+        if user is ROOT or len(user.shapes) != 1:
             return False
         made = math.prod(user.shapes[0].dims)
         if made != size:
-            return made > size
+            return made > size and user.op not in _GROWING_ONCE
         n = user
 
 
@@ -248,17 +253,20 @@ RULES = (
 )
 
 
+ROOT = object()  # ``Facts.users``' entry for a root's result: the program returns it
+
+
 class Facts:
     """What rules read of the whole graph: ``uses``, how many operands read each node (by id);
-    ``users``, the distinct nodes that read it; ``one_cpu``, whether the program runs on one
-    CPU device (no mesh);
-    ``split_tables``, per ids value embeddings read (``(id(node), index)``), the spec of their
-    table when every table read through those ids is split over its rows on every device
-    (``_rows_split``; ids shared with a table that is not are left out)."""
+    ``users``, the distinct nodes that read it (``ROOT`` for the program's results);
+    ``one_cpu``, whether the program runs on one CPU device (no mesh); ``split_tables``, per
+    ids value embeddings read (``(id(node), index)``), the spec of their table when every
+    table read through those ids is split over its rows on every device (``_rows_split``; ids
+    shared with a table that is not are left out)."""
 
     __slots__ = ("one_cpu", "split_tables", "users", "uses")
 
-    def __init__(self, order, one_cpu: bool = False):
+    def __init__(self, order, one_cpu: bool = False, roots=()):
         self.one_cpu = one_cpu
         self.uses: dict = {}
         self.users: dict = {}
@@ -272,6 +280,10 @@ class Facts:
             if n.op == EMBEDDING:
                 table, ids = n.operands
                 tables.setdefault((id(ids.node), ids.index), []).append(_rows_split(table))
+        for r in roots:
+            users = self.users.setdefault(id(r.node), [])
+            if not any(u is ROOT for u in users):
+                users.append(ROOT)
         self.split_tables = {
             k: specs[0] for k, specs in tables.items() if all(s is not None for s in specs)
         }
@@ -288,7 +300,7 @@ def rewrite(roots: list, order=None, program=None) -> list:
         and len(program.devices) == 1
         and program.devices[0].platform == "cpu"
     )
-    facts = Facts(order, one_cpu)
+    facts = Facts(order, one_cpu, roots)
     replacements = {}
     for n in order:
         for ops, rule in RULES:

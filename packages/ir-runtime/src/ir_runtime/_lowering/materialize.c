@@ -86,8 +86,11 @@ static XLA_FFI_Error* materialize(XLA_FFI_CallFrame* frame) {
     return NULL; /* the result is the operand's buffer: nothing to do */
   }
   size_t bytes = element_bytes(in->dtype);
-  if (bytes == 0 || out->dtype != in->dtype || out->rank != in->rank) {
-    return error(frame, "ir_runtime_materialize: operand and result differ, or a packed dtype");
+  if (bytes == 0) {
+    return error(frame, "ir_runtime_materialize: a packed or opaque dtype has no bytes to copy");
+  }
+  if (out->dtype != in->dtype || out->rank != in->rank) {
+    return error(frame, "ir_runtime_materialize: operand and result differ in dtype or rank");
   }
   for (int64_t k = 0; k < in->rank; k++) {
     if (out->dims[k] != in->dims[k]) {

@@ -330,14 +330,19 @@ FFI_MATERIALIZE = "ir_runtime_materialize"  # the CPU handler's name in XLA's FF
 _REGISTERED: list = []  # [True] once the handler is registered (at the first CPU lowering)
 
 
-def _handed_on(x):
-    """``x`` through the CPU handler of ``ir::materialize`` (``_ffi``): a custom call whose
-    result is its operand's buffer (aliased), registered with XLA at its first use."""
+def register_handler() -> None:
+    """Register ``ir::materialize``'s CPU handler (``_ffi``) with XLA, once."""
     if not _REGISTERED:
         from ir_runtime._lowering import _ffi
 
         jax.ffi.register_ffi_target(FFI_MATERIALIZE, _ffi.materialize(), platform="cpu")
         _REGISTERED.append(True)
+
+
+def _handed_on(x):
+    """``x`` through the CPU handler of ``ir::materialize``: a custom call whose result is its
+    operand's buffer (aliased), the handler registered at its first use."""
+    register_handler()
     call = jax.ffi.ffi_call(
         FFI_MATERIALIZE,
         jax.ShapeDtypeStruct(x.shape, x.dtype),

@@ -244,7 +244,8 @@ def clear_sharding(t) -> LazyTensor:
 
 def dump(tensors, format: str = "text") -> str:
     """The pending graph of ``tensors``: ``"text"``, ``"dot"``, ``"rewritten"`` (the text of the
-    graph as it is lowered, after the rewrite rules of ``ir_runtime._rewrite``) or
+    graph as it is lowered, after the rewrite rules of ``ir_runtime._rewrite``, for the program
+    these tensors alone make: a step that also runs pinned placements may differ) or
     ``"stablehlo"`` (each operation's ``loc(...)`` the torch file and line that recorded it)."""
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
