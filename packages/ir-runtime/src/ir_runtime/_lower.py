@@ -141,7 +141,7 @@ def function(g: Graph, out_order=None, checks=None):
 
     def run(*args):
         env = {id(p): (a,) for p, a in zip(params, args, strict=True)}
-        one = ONE_DEVICE.set(program.mesh is None and len(program.devices) == 1)
+        one = ONE_DEVICE.set(program.one_device)
         try:
             with _runtime_checks.collecting(checks) as collector:
                 for n in order:

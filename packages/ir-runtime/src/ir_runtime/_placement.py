@@ -85,6 +85,7 @@ class Program:
                 )
             self.device_ids = mesh.device_ids
         self.devices = [by_id[d] for d in self.device_ids]
+        self.one_device = mesh is None and len(self.devices) == 1  # (no partitioner runs)
         if mesh is not None:
             # Over the mesh itself, so a replicated parameter's sharding equals the replicated
             # results the program returns (jax's fast call path compares them).

@@ -200,8 +200,6 @@ def _ids_whole(n, facts):
 COMPUTED_ONCE = frozenset(("aten::cos.default", "aten::sin.default"))
 MATERIALIZE = "ir::materialize"
 _REAL = frozenset(("float16", "bfloat16", "float32", "float64"))
-
-
 # Consumers that make more elements than they read, each element read once.
 _GROWING_ONCE = frozenset(("aten::cat.default", "aten::constant_pad_nd.default"))
 
@@ -294,12 +292,7 @@ def rewrite(roots: list, order=None, program=None) -> list:
     ``program``: where the graph runs (``_graph.Program``; rules that depend on it apply only
     when it is given)."""
     order = post_order(roots) if order is None else order
-    one_cpu = (
-        program is not None
-        and program.mesh is None
-        and len(program.devices) == 1
-        and program.devices[0].platform == "cpu"
-    )
+    one_cpu = program is not None and program.one_device and program.devices[0].platform == "cpu"
     facts = Facts(order, one_cpu, roots)
     replacements = {}
     for n in order:
