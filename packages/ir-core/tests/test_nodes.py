@@ -288,6 +288,28 @@ def test_device_data_clone():
     assert (x.node_hash, x.dag_hash, x.handle) == (*before, "a")
 
 
+def test_device_data_holding_is_the_node_built_anew():
+    # holding(h) copies the hashes rather than computing them: compare with the constructor's
+    # (the canonical encoding and xxHash, which test_hash_reference checks byte for byte).
+    for shape, sharding in (
+        (F32, None),
+        (Shape("bfloat16", (2, 3)), Sharding(b"s")),
+        (Shape("int64", ()), Sharding(b"")),
+    ):
+        template = DeviceData(shape, handle=None, sharding=sharding)
+        built = DeviceData(shape, handle="buf", sharding=sharding)
+        held = template.holding("buf")
+        assert type(held) is DeviceData and held is not template and held.handle == "buf"
+        assert (held.node_hash, held.dag_hash) == (built.node_hash, built.dag_hash)
+        assert held.shape is template.shape and held.sharding is sharding
+        assert held.operands == () and dict(held.attrs) == {} and held.op == "device_data"
+        assert template.handle is None  # (the template is left as it was)
+        assert held.clone(handle=None).dag_hash == template.dag_hash
+        assert pickle.loads(pickle.dumps(held)).dag_hash == built.dag_hash
+    with pytest.raises(TypeError):
+        template.holding()
+
+
 def test_clone_rejects_unknown_fields():
     x = DeviceData(F32)
     with pytest.raises(NodeSpecError, match=r"unknown field.*handel.*shape, handle, sharding"):

@@ -191,6 +191,28 @@ def test_compile_step_replays_donate_and_copy_what_is_still_read():
     assert_same_parameters(lazy, eager)
 
 
+def test_a_replay_reading_a_deleted_buffer_names_it_and_changes_nothing():
+    # A replay passes its arrays to the launch unchecked; the launch names a deleted one.
+    _, lazy, (_, opt_l) = pair()
+    step = irt.compile_step(lambda x, y: train(lazy, opt_l, x, y))
+    for k in range(4):
+        step(irt.to_lazy(batch(k)[0]), irt.to_lazy(batch(k)[1]))
+    assert step.replaying
+    before = [irt.to_torch(p).clone() for p in lazy.parameters()]
+    inspect.data_of(lazy[0].weight).delete()
+    irt.reset_metrics()
+    x, y = batch(9)
+    with pytest.raises(
+        irt.ExecutionError,
+        match=r"parameter \d+ of the program holds a "
+        r"deleted \(donated\) buffer \(float32\[32, 16\]\)",
+    ):
+        step(irt.to_lazy(x), irt.to_lazy(y))
+    assert counters().get("StepReplay", 0) == 0 and counters().get("ExecuteCount", 0) == 0
+    for p, was in list(zip(lazy.parameters(), before, strict=True))[1:]:
+        np.testing.assert_array_equal(irt.to_torch(p).numpy(), was.numpy())
+
+
 def test_a_long_loop_donates_every_step_without_compiling_again():
     _, lazy, (_, opt_l) = pair()
     lazy_step(lazy, opt_l, *batch(0))

@@ -810,6 +810,21 @@ cdef bytes _fingerprint(PyObject** nodes, Py_ssize_t count, tuple roots, tuple i
         buf_free(&b)
 
 
+cdef int _init_holding(DeviceData self, DeviceData src, object handle) except -1:
+    """``self``, a new DeviceData, as ``src`` (every field, both hashes) but holding ``handle``."""
+    self._op = src._op
+    self._operands = src._operands
+    self._shapes = src._shapes
+    self._attrs = src._attrs
+    self._attrs_view = src._attrs_view
+    self._sharding_bytes = src._sharding_bytes
+    self._sharding = src._sharding
+    self._nh_lo, self._nh_hi = src._nh_lo, src._nh_hi
+    self._dh_lo, self._dh_hi = src._dh_lo, src._dh_hi
+    self.handle = handle
+    return 0
+
+
 cdef Node _with_operands(Node src, tuple operands):
     return Generic(_REBUILD, operands, src)
 cdef tuple _DEVICE_DATA_FIELDS = ("shape", "handle", "sharding")
@@ -828,6 +843,9 @@ cdef class DeviceData(Node):
 
     def __cinit__(self, shape, handle=None, sharding=None):
         cdef Buf b
+        if shape is _REBUILD:  # (holding: a copy of ``sharding``, a DeviceData, but its handle)
+            _init_holding(self, <DeviceData?>sharding, handle)
+            return
         if type(shape) is not Shape:
             raise NodeSpecError(
                 f"shape of a DeviceData must be an ir_core.Shape, got {shape!r} "
@@ -852,12 +870,20 @@ cdef class DeviceData(Node):
     def shape(self):
         return self._shapes[0]
 
+    def holding(self, handle):
+        """A new ``DeviceData`` with this one's shape and sharding, holding ``handle``: its
+        hashes are this node's, copied (the handle is never hashed), so nothing is encoded or
+        hashed again. ``clone(handle=h)`` is the same node."""
+        return DeviceData(_REBUILD, handle, self)
+
     def clone(self, **changes):
         """A new ``DeviceData`` with the given fields replaced; this node is left as it is.
 
         Fields: ``shape``, ``handle``, ``sharding``.
         """
         _take_changes(changes, _DEVICE_DATA_FIELDS, "DeviceData")
+        if len(changes) == 1 and "handle" in changes:
+            return DeviceData(_REBUILD, changes["handle"], self)
         return DeviceData(
             changes.get("shape", self._shapes[0]),
             changes.get("handle", self.handle),

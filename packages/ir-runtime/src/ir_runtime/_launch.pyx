@@ -15,6 +15,8 @@ module imports as it loads imports ``_collectives``.)
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from ir_runtime import _distributed, _metrics, _profile
+from ir_runtime._errors import ExecutionError
+from ir_runtime._jaxapi import ArrayImpl
 
 LAST_RUN: list = [None]  # the Executable that ran last
 IN_FLIGHT: list = [None]  # the first result of the collective program still running on CPU
@@ -26,6 +28,7 @@ cdef list _ACTIVE = _profile.ACTIVE
 cdef object _STATE = _distributed.STATE
 cdef object _failure = _distributed.device_failure
 cdef object _span = _profile.span
+cdef object _ARRAY = ArrayImpl, _ExecutionError = ExecutionError
 cdef dict _TIMERS = _metrics._timers
 cdef long long _syncs = 0  # waits for a collective program still in flight (CollectiveSync)
 cdef object _RUNTIME_CHECKS = None  # the module, once a checked program ran (``_checks``)
@@ -68,6 +71,7 @@ def run(exe, arrays):
             else:
                 outs = call(*arrays)
     except Exception as e:
+        _refuse_deleted(arrays, e)
         raise _failure(e, "the program") from e
     checks = exe.checks
     if checks is not None:  # (the flags come last; no negative index here: wraparound=False)
@@ -85,6 +89,19 @@ def run(exe, arrays):
     if checks:
         _checks().verify(checks, flags)
     return outs
+
+
+cdef int _refuse_deleted(arrays, e) except -1:
+    """Raise ``ExecutionError`` naming the first of ``arrays`` that was deleted (donated to an
+    earlier program), when one was: what made the launch fail. A compiled step's replay passes
+    its arrays unchecked (jax's call checks each anyway, shard by shard); this names the one."""
+    for k, a in enumerate(arrays):
+        if type(a) is _ARRAY and a.is_deleted():
+            raise _ExecutionError(
+                f"parameter {k} of the program holds a deleted (donated) buffer "
+                f"({a.dtype}{list(a.shape)}): a tensor that still reads it lost its data to "
+                f"an earlier program") from e
+    return 0
 
 
 cdef object _checks():

@@ -323,6 +323,15 @@ cdef inline int track_(object t) except -1:
     return 0
 
 
+def next_step(dict state):
+    """``_rng.next_step`` on its ``state``: the step counter moves on, the next draw takes a new
+    key from offset 0. In C: a compiled step's replay calls it on every call."""
+    state["step"] += 1
+    state["base"] = 0
+    state["offset"] = 0
+    state["key"] = None
+
+
 def track(t):
     """Register a new lazy tensor among the live ones (weakly)."""
     track_(t)

@@ -27,9 +27,9 @@ _state = {"seed": None, "seedings": -1, "step": 0, "base": 0, "offset": 0, "key"
 
 
 def next_step() -> None:
-    """Called by mark_step: the next step draws from a new key."""
-    _state["step"] += 1
-    _state.update(base=0, offset=0, key=None)
+    """Called by mark_step: the next step draws from a new key (``_fast.next_step``, which a
+    compiled step's replay calls on this module's state)."""
+    _fast.next_step(_state)
 
 
 def rebase() -> None:

@@ -53,6 +53,7 @@ corrections, computed from its CPU step count).
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 
 from ir_core import DeviceData
@@ -159,11 +160,13 @@ class CompiledStep:
         key = self._key
         return key in self._replay and self._failures.get(key, 0) < 2
 
-    def __call__(self, *args, **kwargs):
-        if not kwargs:  # the usual call, positional: replayed in C when its key has a plan
-            out = _hot.call(self, args)
-            if out is not _hot.SLOW:
-                return out
+    # The usual call, positional, is replayed in C when its key has a plan (``_hot.call``);
+    # any other call takes ``_call``.
+    __call__ = _hot.step_call
+
+    def _call(self, args: tuple, kwargs: dict):
+        """A call ``_hot.step_call`` leaves to Python: keywords, nested arguments, a new key,
+        a profile recorded, a guard that fails."""
         leaves = args
         if kwargs:
             leaves = None
@@ -203,7 +206,6 @@ class CompiledStep:
                 f"a guard fails call after call (the last: {miss.why}); make that value the "
                 f"same on every call, or pass it as an argument",
                 once="guard",
-                stacklevel=4,
             )
         return self._trace(key, leaves, structure, missed=True)
 
@@ -260,9 +262,10 @@ class CompiledStep:
                 self.reason = last.effects[0]  # (a CPU counter the program reads, say)
             self._warn(self.reason)
 
-    def _warn(self, reason: str, once: str | None = None, stacklevel: int = 5) -> None:
+    def _warn(self, reason: str, once: str | None = None) -> None:
         """A ``CaptureWarning``, once per reason (or per ``once``), pointing at the caller's
-        line."""
+        line: the first frame outside this module (a replay's C path calls in with none of
+        its own)."""
         tag = reason if once is None else once
         if tag in self._warned:
             return
@@ -272,8 +275,17 @@ class CompiledStep:
             f"compiled step {name} is traced on every call, as mark_step would run it, "
             f"because {reason}",
             CaptureWarning,
-            stacklevel=stacklevel,
+            stacklevel=_outside(),
         )
+
+
+def _outside() -> int:
+    """The ``stacklevel`` of the first frame outside this module, for a ``warnings.warn`` made
+    in it (level 1: the frame that calls ``warn``, whose caller calls this)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def compile_step(fn=None):

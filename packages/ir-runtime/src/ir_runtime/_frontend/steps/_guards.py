@@ -515,7 +515,12 @@ class HostGuard(_TensorGuard):
 
 
 _hot.configure_guards(
-    none=_NONE, tensor=_TENSOR, number=_NUMBER, tensor_key=_tensor_key, number_key=_number_key
+    none=_NONE,
+    tensor=_TENSOR,
+    number=_NUMBER,
+    float_=_FLOAT,
+    tensor_key=_tensor_key,
+    number_key=_number_key,
 )
 
 __all__ = [

@@ -55,7 +55,8 @@ cdef object _sole = _donation.sole, _refs = _donation.refs, _place = place
 cdef bint _COUNTS = _donation.CALIBRATION.trusted  # (else the Python rule: _sole, _refs)
 cdef list _IN_FLIGHT = _collectives._IN_FLIGHT, _LAST = _collectives._LAST
 cdef object _same = same_sharding
-cdef object _count = _metrics.count, _next_step = _rng.next_step, _write_through = write_through
+cdef object _count = _metrics.count, _next_step = _fast.next_step, _write_through = write_through
+cdef dict _RNG_STATE = _rng._state  # (_rng.next_step's state: _fast.next_step runs it in C)
 cdef object _grad_enabled = torch.is_grad_enabled
 cdef dict _COUNTERS = _metrics._counters
 cdef object _new = _fast.new, _bind_data = _fast.bind  # LazyTensor(value), t._bind(data)
@@ -94,17 +95,27 @@ def configure_step(*, data_nodes_):
     data_nodes = data_nodes_
 
 
+def step_call(step, *args, **kwargs):
+    """``CompiledStep.__call__``: a positional call replayed here (``call``), with no Python
+    frame of its own; any other call, and one ``call`` leaves, taken by ``step._call``."""
+    if not kwargs:
+        out = call(step, args)
+        if out is not _SLOW:
+            return out
+    return step._call(args, kwargs)
+
+
 def call(step, tuple args):
     """``CompiledStep.__call__`` for positional arguments, none a tuple, list or dict: its
     key's plans replayed; ``SLOW`` when the call is not replayed here (no plan for its key, or a
     profile recorded), which the Python path then takes from the start: nothing here changed
     anything."""
     for a in args:
-        if isinstance(a, _NESTED):
+        if type(a) is not _LAZY and isinstance(a, _NESTED):
             return _SLOW
     if _ACTIVE[0]:
         return _SLOW
-    structure = flat(len(args))
+    structure = _flat(len(args))
     key = call_key(structure, args)
     plans = step._replay.get(key)
     if plans is None:
@@ -117,6 +128,19 @@ def call(step, tuple args):
     if failures:  # (the usual replay has none to forget: no key to hash)
         failures.pop(key, None)
     return out
+
+
+cdef list _FLATS = [None] * 16  # n -> flat(n), for the first few n
+
+
+cdef inline object _flat(Py_ssize_t n):
+    """``flat(n)``, kept here for small ``n`` (its cache is a call away)."""
+    if n >= 16:
+        return flat(n)
+    s = _FLATS[n]
+    if s is None:
+        s = _FLATS[n] = flat(n)
+    return s
 
 
 cpdef object run_plans(list plans, leaves):
@@ -282,8 +306,8 @@ cpdef object read_inputs(plan, tuple reads, leaves, list replayable_args, bint r
                 copies = []
             copies.append(len(arrays))
         h = node.handle
-        if type(h) is _ARRAY and not h.is_deleted():
-            held = h.sharding
+        if type(h) is _ARRAY:  # (deleted, donated elsewhere: the launch names it, _launch.run)
+            held = h._sharding  # (``_jaxapi.ArrayImpl``: its sharding, read without a frame)
             if held is sharding or _same(held, sharding):
                 arrays.append(h)  # the steady state: a result of the last step, where it belongs
                 continue
@@ -324,8 +348,8 @@ cpdef list bind(plan, tuple writes, raw, leaves):
     global _replays
     cdef list outputs = list(plan.statics)
     for item in writes:
-        kind, x, shape, spec, k = <tuple>item
-        data = _DEVICE_DATA(shape, raw[k], spec)  # as exe.results makes it, for the bound only
+        kind, x, node, k = <tuple>item
+        data = node.holding(raw[k])  # as exe.results makes it (its hashes copied from node)
         if kind is _OUT:
             outputs[x] = _held(data)
         elif kind is _STATE:
@@ -354,7 +378,7 @@ cpdef list bind(plan, tuple writes, raw, leaves):
         t = ref()
         if t is not None:
             t.grad = None
-    _next_step()
+    _next_step(_RNG_STATE)
     if _replays == 0:  # the first since a read: its counter takes its place in order
         _COUNTERS.setdefault("StepReplay", 0)
     _replays += 1
@@ -408,14 +432,14 @@ cdef inline void _set(tuple t, Py_ssize_t k, object v):
 # Guards' checks (``_guards``: each class's capture and explanation stay there; what a replay
 # runs before every call is here). ``_guards`` hands over its markers and keys.
 
-cdef object _NONE = None, _TENSOR = None, _NUMBER = None
+cdef object _NONE = None, _TENSOR = None, _NUMBER = None, _FLOAT = None
 cdef object _tensor_key = None, _number_key = None
 cdef object _TENSOR_TYPE = torch.Tensor
 
 
-def configure_guards(*, none, tensor, number, tensor_key, number_key):
-    global _NONE, _TENSOR, _NUMBER, _tensor_key, _number_key
-    _NONE, _TENSOR, _NUMBER = none, tensor, number
+def configure_guards(*, none, tensor, number, float_, tensor_key, number_key):
+    global _NONE, _TENSOR, _NUMBER, _FLOAT, _tensor_key, _number_key
+    _NONE, _TENSOR, _NUMBER, _FLOAT = none, tensor, number, float_
     _tensor_key, _number_key = tensor_key, number_key
 
 
@@ -458,8 +482,11 @@ cpdef bint optimizer_holds(guard) except -1:
             if v is _TENSOR:
                 if not isinstance(now, _TENSOR_TYPE) or _tensor_key(now, guard.inputs) != key:
                     return False
-            elif v is _NUMBER:
-                if _number_key(now) != key:
+            elif v is _NUMBER:  # (a float keys as _FLOAT: _number_key's common case, in C)
+                if type(now) is float:
+                    if key is not _FLOAT:
+                        return False
+                elif _number_key(now) != key:
                     return False
             elif now is not v and (isinstance(now, _TENSOR_TYPE) or now != v):
                 return False

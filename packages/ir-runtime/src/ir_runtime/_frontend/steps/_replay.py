@@ -239,8 +239,9 @@ class Replay:
         return self._reads
 
     def _write_table(self) -> tuple:
-        """Where each result binds, zipped with its shape and placement, made on the first
-        replay (``_hot.bind``)."""
+        """Where each result binds, zipped with a data node of its shape and placement that
+        holds nothing (each replay's result node is one ``holding`` its array: no hash computed
+        again), made on the first replay (``_hot.bind``)."""
         if self._writes is None:
             exe = self.exe
             # A result's placement as the very object a parameter was read with, where one is
@@ -251,7 +252,7 @@ class Replay:
                 if read is not None and not any(r is read for r in reads.get(read, ())):
                     reads.setdefault(read, []).append(read)
             self._writes = tuple(
-                (kind, x, exe.out_shapes[k], _alike(exe.out_specs[k], reads), k)
+                (kind, x, DeviceData(exe.out_shapes[k], None, _alike(exe.out_specs[k], reads)), k)
                 for kind, x, k in self.bindings
             )
         return self._writes

@@ -884,6 +884,12 @@ def trace(fn, leaves: list, structure, watch: bool = True) -> tuple[Replay, list
     else:
         plan.reasons.append("it computes nothing on the lazy device")
     _rng.next_step()
+    # A parameter's requires_grad is checked once: its module's guard, checked first, holds
+    # only while the module has that very tensor, requiring grad as traced.
+    checked = {id(p) for m in modules for p in m._parameters.values() if p is not None}
+    read_guards = [
+        g for g in read_guards if not (type(g) is RequiresGradGuard and id(g.ref()) in checked)
+    ]
     # The guard table, checked in this order: the cheap checks first, host values last.
     plan.guards = (
         *(OptimizerGuard(opt, inputs, lending.numbers(opt)) for opt in optimizers),
