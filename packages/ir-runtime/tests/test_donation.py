@@ -211,6 +211,18 @@ def test_a_replay_reading_a_deleted_buffer_names_it_and_changes_nothing():
     assert counters().get("StepReplay", 0) == 0 and counters().get("ExecuteCount", 0) == 0
     for p, was in list(zip(lazy.parameters(), before, strict=True))[1:]:
         np.testing.assert_array_equal(irt.to_torch(p).numpy(), was.numpy())
+    # Held elsewhere, a donated buffer is copied first: a deleted one is named before that.
+    step = irt.compile_step(lambda x, y: train(lazy, opt_l, x, y))
+    lazy[0].weight.data = irt.to_lazy(before[0])
+    for k in range(4):
+        step(irt.to_lazy(batch(k)[0]), irt.to_lazy(batch(k)[1]))
+    assert step.replaying
+    held = inspect.data_of(lazy[2].bias)  # (a reference the replay counts: not its alone)
+    held.delete()
+    irt.reset_metrics()
+    with pytest.raises(irt.ExecutionError, match=r"deleted \(donated\) buffer \(float32\[4\]\)"):
+        step(irt.to_lazy(x), irt.to_lazy(y))
+    assert counters().get("DonationCopies", 0) == 0 and counters().get("ExecuteCount", 0) == 0
 
 
 def test_a_long_loop_donates_every_step_without_compiling_again():

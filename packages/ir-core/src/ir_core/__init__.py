@@ -21,7 +21,7 @@ from ir_core._errors import (
 from ir_core._graph import graph_fingerprint, graph_hash, post_order, relink
 from ir_core._nodes import DTYPES, DeviceData, Generic, Node, Shape, Value
 
-__version__ = "0.3.2"
+__version__ = "0.4.0"
 
 __all__ = [
     "DTYPES",

@@ -71,7 +71,7 @@ def run(exe, arrays):
             else:
                 outs = call(*arrays)
     except Exception as e:
-        _refuse_deleted(arrays, e)
+        refuse_deleted(arrays, e)
         raise _failure(e, "the program") from e
     checks = exe.checks
     if checks is not None:  # (the flags come last; no negative index here: wraparound=False)
@@ -91,10 +91,11 @@ def run(exe, arrays):
     return outs
 
 
-cdef int _refuse_deleted(arrays, e) except -1:
+cpdef int refuse_deleted(arrays, e) except -1:
     """Raise ``ExecutionError`` naming the first of ``arrays`` that was deleted (donated to an
-    earlier program), when one was: what made the launch fail. A compiled step's replay passes
-    its arrays unchecked (jax's call checks each anyway, shard by shard); this names the one."""
+    earlier program), when one was (``e``: what failed because of it, or None). A compiled
+    step's replay passes its arrays unchecked (jax's call checks each anyway, shard by shard);
+    this names the one once the launch failed, or before a copy of one is taken."""
     for k, a in enumerate(arrays):
         if type(a) is _ARRAY and a.is_deleted():
             raise _ExecutionError(

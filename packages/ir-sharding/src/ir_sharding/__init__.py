@@ -17,7 +17,7 @@ from ir_sharding._jax import device_ordinal, global_devices
 from ir_sharding._mesh import Mesh
 from ir_sharding._spec import ShardingKind, ShardingSpec
 
-__version__ = "0.3.5"
+__version__ = "0.3.6"
 
 __all__ = [
     "Mesh",

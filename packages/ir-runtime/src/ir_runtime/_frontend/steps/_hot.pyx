@@ -39,6 +39,7 @@ from ir_runtime._frontend.recording._convert import host_numpy
 from ir_runtime._frontend.recording._tensor import LazyTensor
 from ir_runtime._frontend.recording._views import write_through
 from ir_runtime._jaxapi import ArrayImpl
+from ir_runtime._launch import refuse_deleted
 
 # Where a program parameter's data comes from, and what a result binds to (``_replay`` says
 # what each means). Compared by identity.
@@ -54,7 +55,7 @@ cdef object _DEVICE_DATA = DeviceData, _VALUE = Value, _LAZY = LazyTensor, _ARRA
 cdef object _sole = _donation.sole, _refs = _donation.refs, _place = place
 cdef bint _COUNTS = _donation.CALIBRATION.trusted  # (else the Python rule: _sole, _refs)
 cdef list _IN_FLIGHT = _collectives._IN_FLIGHT, _LAST = _collectives._LAST
-cdef object _same = same_sharding
+cdef object _same = same_sharding, _refuse_deleted = refuse_deleted
 cdef object _count = _metrics.count, _next_step = _fast.next_step, _write_through = write_through
 cdef dict _RNG_STATE = _rng._state  # (_rng.next_step's state: _fast.next_step runs it in C)
 cdef object _grad_enabled = torch.is_grad_enabled
@@ -313,6 +314,7 @@ cpdef object read_inputs(plan, tuple reads, leaves, list replayable_args, bint r
                 continue
         arrays.append(_place(node, sharding))
     if copies is not None:
+        _refuse_deleted(arrays, None)  # (a deleted array cannot be copied: named first)
         for k in copies:
             _count("DonationCopies")
             arrays[k] = jax.device_put(arrays[k], may_alias=False)
