@@ -962,6 +962,20 @@ def test_a_step_that_builds_a_loss_module_per_call_replays():
     close(lazy.weight, eager.weight.detach())
 
 
+def test_a_keyword_argument_named_step_or_self_is_the_step_functions():
+    lin = irt.to_lazy(torch.nn.Linear(4, 2))
+
+    @irt.compile_step
+    def scaled(x, step=0, self=1.0):
+        return lin(x).sum() * (step + self)
+
+    x = irt.to_lazy(torch.ones(3, 4))
+    expected = float(irt.to_torch(lin(x).sum()))
+    for k in range(4):
+        assert float(scaled(x, step=k, self=2.0)) == pytest.approx(expected * (k + 2))
+        assert float(scaled(x, k)) == pytest.approx(expected * (k + 1))
+
+
 def test_a_guard_failing_call_after_call_is_named_and_replaying_says_so():
     """A value the guards compare that changes on every call (here a counter kept in the
     optimizer's param group, which the program never reads) fails a guard on every replay: the

@@ -217,12 +217,46 @@ def test_a_replay_reading_a_deleted_buffer_names_it_and_changes_nothing():
     for k in range(4):
         step(irt.to_lazy(batch(k)[0]), irt.to_lazy(batch(k)[1]))
     assert step.replaying
+    before = [irt.to_torch(p).clone() for p in lazy.parameters()]
     held = inspect.data_of(lazy[2].bias)  # (a reference the replay counts: not its alone)
     held.delete()
     irt.reset_metrics()
     with pytest.raises(irt.ExecutionError, match=r"deleted \(donated\) buffer \(float32\[4\]\)"):
         step(irt.to_lazy(x), irt.to_lazy(y))
     assert counters().get("DonationCopies", 0) == 0 and counters().get("ExecuteCount", 0) == 0
+    for p, was in list(zip(lazy.parameters(), before, strict=True))[:3]:
+        np.testing.assert_array_equal(irt.to_torch(p).numpy(), was.numpy())
+
+
+def test_a_failed_replay_launch_leaves_the_random_streams_as_they_were():
+    # The replay reseeds (the step calls manual_seed) and draws dropout's key before its
+    # launch: a launch refused (a deleted input) puts both streams back.
+    from ir_runtime._frontend.recording import _rng
+
+    torch.manual_seed(0)
+    model = irt.to_lazy(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Dropout(0.5)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(x):
+        torch.manual_seed(7)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    step = irt.compile_step(train_step)
+    x = irt.to_lazy(batch(0)[0])
+    for _ in range(4):
+        step(x)
+    assert step.replaying
+    torch.manual_seed(3)  # (the caller's generator, which the replay reseeds to 7)
+    state, seedings, cpu = dict(_rng._state), _rng.seedings(), torch.get_rng_state()
+    inspect.data_of(model[0].weight).delete()
+    with pytest.raises(irt.ExecutionError, match="deleted"):
+        step(x)
+    assert dict(_rng._state) == state and _rng.seedings() == seedings
+    assert torch.equal(torch.get_rng_state(), cpu)
 
 
 def test_a_long_loop_donates_every_step_without_compiling_again():

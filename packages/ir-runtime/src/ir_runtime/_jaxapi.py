@@ -13,9 +13,9 @@ import jax
 # jax.Array's concrete type. Placing a step's parameters checks every buffer's type on the hot
 # path; ``isinstance(h, jax.Array)`` goes through an ABC's subclass hook and costs several times
 # an exact ``type(h) is ArrayImpl``.
-# ``_hot`` reads an array's sharding as ``ArrayImpl._sharding``, the attribute jax's public
-# ``sharding`` property returns: the property is a Python function, run once per parameter on
-# every replay, where the attribute is read in C.
+# ``_hot`` reads an array's sharding as ``ArrayImpl._sharding``, the object jax's public
+# ``sharding`` property returns: that property is a Python function, run once per parameter on
+# every replay, where ``_sharding`` is jaxlib's own accessor, run without a Python frame.
 from jax._src.array import ArrayImpl
 
 

@@ -71,7 +71,8 @@ def run(exe, arrays):
             else:
                 outs = call(*arrays)
     except Exception as e:
-        refuse_deleted(arrays, e)
+        if "has been deleted" in str(e):  # (jax's refusal: the array is named)
+            refuse_deleted(arrays, e)
         raise _failure(e, "the program") from e
     checks = exe.checks
     if checks is not None:  # (the flags come last; no negative index here: wraparound=False)

@@ -9,8 +9,9 @@ host), the draws after it take a new key whose base is where the stream is, with
 (a sampling loop's tokens) records the same program every iteration, compiled once.
 
 This module owns the stream's state (``_state``); everything else reads and writes it through
-``current_key``, ``draw``, ``state``, ``restore``, ``keyed``, ``own_key``, ``seedings`` and
-``next_step``."""
+``current_key``, ``draw``, ``state``, ``restore``, ``keyed``, ``own_key``, ``seedings``,
+``snapshot``, ``put_back`` and ``next_step`` (whose body, ``_fast.next_step``, a compiled
+step's replay calls on this state directly)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,23 @@ def restore(step: int, offset: int) -> None:
     sync()
     if (step, offset) != (_state["step"], _state["base"] + _state["offset"]):
         _state.update(step=step, base=offset, offset=0, key=None)
+
+
+def snapshot(reseeds: bool) -> tuple:
+    """The stream's state and torch's reseed count, and CPU torch's generator state when
+    ``reseeds``: what ``put_back`` restores (a compiled step's replay takes one before it
+    reseeds and draws, and puts it back if its launch fails)."""
+    return dict(_state), _seedings[0], torch.get_rng_state() if reseeds else None
+
+
+def put_back(saved: tuple) -> None:
+    """The stream (and torch's generator) as ``snapshot`` found them."""
+    state, seedings, cpu = saved
+    _state.clear()
+    _state.update(state)
+    _seedings[0] = seedings
+    if cpu is not None:
+        torch.set_rng_state(cpu)
 
 
 @contextlib.contextmanager

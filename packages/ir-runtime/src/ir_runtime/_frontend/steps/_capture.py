@@ -165,8 +165,9 @@ class CompiledStep:
     __call__ = _hot.step_call
 
     def _call(self, args: tuple, kwargs: dict):
-        """A call ``_hot.step_call`` leaves to Python: keywords, nested arguments, a new key,
-        a profile recorded, a guard that fails."""
+        """A call ``_hot.step_call`` leaves to Python: keywords, nested arguments, a key with
+        no plan, a profile recorded. (A replay whose guards fail goes from ``_hot.call`` to
+        ``_missed``.)"""
         leaves = args
         if kwargs:
             leaves = None

@@ -59,6 +59,8 @@ cdef object _same = same_sharding, _refuse_deleted = refuse_deleted
 cdef object _count = _metrics.count, _next_step = _fast.next_step, _write_through = write_through
 cdef dict _RNG_STATE = _rng._state  # (_rng.next_step's state: _fast.next_step runs it in C)
 cdef object _grad_enabled = torch.is_grad_enabled
+cdef object _snapshot = _rng.snapshot, _put_back = _rng.put_back
+cdef object _undo = None  # the random stream before this replay's reseed and draw (``launch``)
 cdef dict _COUNTERS = _metrics._counters
 cdef object _new = _fast.new, _bind_data = _fast.bind  # LazyTensor(value), t._bind(data)
 cdef object _held = _fast.held  # a returned tensor holding data (made ahead, in batches)
@@ -96,7 +98,7 @@ def configure_step(*, data_nodes_):
     data_nodes = data_nodes_
 
 
-def step_call(step, *args, **kwargs):
+def step_call(step, /, *args, **kwargs):
     """``CompiledStep.__call__``: a positional call replayed here (``call``), with no Python
     frame of its own; any other call, and one ``call`` leaves, taken by ``step._call``."""
     if not kwargs:
@@ -107,7 +109,7 @@ def step_call(step, *args, **kwargs):
 
 
 def call(step, tuple args):
-    """``CompiledStep.__call__`` for positional arguments, none a tuple, list or dict: its
+    """``step_call``'s replay, for positional arguments, none a tuple, list or dict: its
     key's plans replayed; ``SLOW`` when the call is not replayed here (no plan for its key, or a
     profile recorded), which the Python path then takes from the start: nothing here changed
     anything."""
@@ -199,11 +201,26 @@ def replay(plan, leaves, list nodes):
     writes = plan._writes
     if writes is None:
         writes = plan._write_table()
-    outputs = bind(plan, writes, exe.run(arrays), leaves)  # (_launch.run)
+    outputs = bind(plan, writes, launch(exe, arrays), leaves)
     structure = plan.structure
     if structure is None:  # one leaf (a step's usual return: its loss)
         return outputs[0]
     return unflatten(structure, outputs)
+
+
+cpdef object launch(exe, list arrays):
+    """``exe.run(arrays)`` (``_launch.run``). A launch that fails puts the random stream back
+    as it was before ``read_inputs`` reseeded and drew for it: nothing ran, nothing changed."""
+    global _undo
+    try:
+        raw = exe.run(arrays)
+    except BaseException:
+        saved, _undo = _undo, None
+        if saved is not None:
+            _put_back(saved)
+        raise
+    _undo = None
+    return raw
 
 
 def flush(dict counters, dict timers):
@@ -252,6 +269,7 @@ cpdef object read_inputs(plan, tuple reads, leaves, list replayable_args, bint r
     """The program's arguments (``replay``); a ``Miss`` when one cannot be read as
     traced; None when a tensor it reads holds pending work and ``ran`` is False (the caller
     runs it, then reads them all again, holding nothing read so far)."""
+    global _undo
     cdef list arrays = []
     cdef list copies = None
     cdef Py_ssize_t rng = -1
@@ -318,6 +336,8 @@ cpdef object read_inputs(plan, tuple reads, leaves, list replayable_args, bint r
         for k in copies:
             _count("DonationCopies")
             arrays[k] = jax.device_put(arrays[k], may_alias=False)
+    if plan.reseed is not None or rng >= 0:  # (put back if the launch fails: ``launch``)
+        _undo = _snapshot(plan.reseed is not None)
     if plan.reseed is not None:  # as the traced call did (CPU torch's generator too)
         torch.manual_seed(plan.reseed)
     if rng >= 0:

@@ -260,7 +260,7 @@ class Replay:
     def _checked(self, exe, arrays: list, leaves):
         """The replay of a checked program: a failed check comes once the results are bound."""
         with _runtime_checks.deferred():
-            outputs = _hot.bind(self, self._write_table(), exe.run(arrays), leaves)
+            outputs = _hot.bind(self, self._write_table(), _hot.launch(exe, arrays), leaves)
         return unflatten(self.structure, outputs)
 
     def _carried(self) -> dict:
