@@ -737,10 +737,10 @@ cdef tuple _GENERIC_FIELDS = ("op", "operands", "shapes", "attrs", "sharding", "
 cdef object _REBUILD = object()
 
 
-cdef int _init_with_operands(Generic self, Generic src, object operands) except -1:
-    cdef Buf b
+cdef int _copy_record(Node self, Node src) except -1:
+    """``self``, a new node, takes ``src``'s record (every field node_hash hashes, the
+    annotation's object, the origin) and node_hash; operands and dag_hash are the caller's."""
     self._op = src._op
-    self._operands = _untracked(_check_operands(operands, src._op))
     self._shapes = src._shapes
     self._attrs = src._attrs
     self._attrs_view = src._attrs_view
@@ -749,6 +749,13 @@ cdef int _init_with_operands(Generic self, Generic src, object operands) except 
     self._origin = src._origin
     self._nh_lo = src._nh_lo
     self._nh_hi = src._nh_hi
+    return 0
+
+
+cdef int _init_with_operands(Generic self, Generic src, object operands) except -1:
+    cdef Buf b
+    _copy_record(self, src)
+    self._operands = _untracked(_check_operands(operands, src._op))
     buf_init(&b)
     try:
         _seal_dag(self, &b)
@@ -812,14 +819,8 @@ cdef bytes _fingerprint(PyObject** nodes, Py_ssize_t count, tuple roots, tuple i
 
 cdef int _init_holding(DeviceData self, DeviceData src, object handle) except -1:
     """``self``, a new DeviceData, as ``src`` (every field, both hashes) but holding ``handle``."""
-    self._op = src._op
+    _copy_record(self, src)
     self._operands = src._operands
-    self._shapes = src._shapes
-    self._attrs = src._attrs
-    self._attrs_view = src._attrs_view
-    self._sharding_bytes = src._sharding_bytes
-    self._sharding = src._sharding
-    self._nh_lo, self._nh_hi = src._nh_lo, src._nh_hi
     self._dh_lo, self._dh_hi = src._dh_lo, src._dh_hi
     self.handle = handle
     return 0

@@ -215,12 +215,20 @@ cpdef object launch(exe, list arrays):
     try:
         raw = exe.run(arrays)
     except BaseException:
-        saved, _undo = _undo, None
-        if saved is not None:
-            _put_back(saved)
+        _give_back()
         raise
     _undo = None
     return raw
+
+
+cdef int _give_back() except -1:
+    """The random streams as ``read_inputs`` found them before it reseeded and drew, if it did
+    (``_undo``, set only for the launch that follows it)."""
+    global _undo
+    saved, _undo = _undo, None
+    if saved is not None:
+        _put_back(saved)
+    return 0
 
 
 def flush(dict counters, dict timers):
@@ -336,12 +344,16 @@ cpdef object read_inputs(plan, tuple reads, leaves, list replayable_args, bint r
         for k in copies:
             _count("DonationCopies")
             arrays[k] = jax.device_put(arrays[k], may_alias=False)
-    if plan.reseed is not None or rng >= 0:  # (put back if the launch fails: ``launch``)
+    if plan.reseed is not None or rng >= 0:  # (put back if this or the launch fails)
         _undo = _snapshot(plan.reseed is not None)
-    if plan.reseed is not None:  # as the traced call did (CPU torch's generator too)
-        torch.manual_seed(plan.reseed)
-    if rng >= 0:
-        arrays[rng] = _place(_rng.draw()[0].node, arrays[rng])
+        try:
+            if plan.reseed is not None:  # as the traced call did (CPU torch's generator too)
+                torch.manual_seed(plan.reseed)
+            if rng >= 0:
+                arrays[rng] = _place(_rng.draw()[0].node, arrays[rng])
+        except BaseException:
+            _give_back()
+            raise
     return arrays
 
 
