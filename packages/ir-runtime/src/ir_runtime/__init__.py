@@ -62,7 +62,7 @@ from ir_runtime._profile import profile
 from ir_runtime._runtime_checks import set_program_checks
 from ir_sharding import Mesh
 
-__version__ = "0.17.10"
+__version__ = "0.17.11"
 
 register_lowering = register
 
