@@ -262,6 +262,7 @@ def lint(session):
         f"{CORE}/src/ir_core/{name}"
         for name in ("_nodes.pyx", "_nodes.pxd", "_graph.pyx", "_canon.pxd")
     ] + [
+        f"{CORE}/bench/floor.pyx",
         f"{RUNTIME}/src/ir_runtime/_launch.pyx",
         f"{RUNTIME}/src/ir_runtime/_frontend/recording/_fast.pyx",
         f"{RUNTIME}/src/ir_runtime/_frontend/steps/_hot.pyx",
@@ -279,6 +280,7 @@ def bench(session):
         TORCH,
         "xxhash>=3.4",
         TRANSFORMERS,
+        "cython>=3.0.10",  # bench_core's floor row builds floor.pyx
     )
     session.run("python", f"{CORE}/bench/bench_core.py", "--json", ".bench/ir-core.json")
     session.run(

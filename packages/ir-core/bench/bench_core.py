@@ -7,7 +7,10 @@
 
 Every peer runs the same Python loop; only the per-node call differs. A "harness" row runs that
 loop with a call that does nothing, so the fixed cost of Python's own loop, tuple and dict
-building is visible. Prints a table and writes JSON (``--json PATH``).
+building is visible; a "Cython floor" row calls an extension type of Generic's size that only
+stores its arguments (``floor.pyx``, built here when Cython is installed), so what ir_core adds
+above any C-level node (checks, encoding, both hashes, the Value) is visible too. Prints a table
+and writes JSON (``--json PATH``).
 """
 
 import argparse
@@ -81,6 +84,32 @@ def build_python(n):
     return time.perf_counter() - t0, vals
 
 
+def _floor_type():
+    """``floor.Floor``, built from ``floor.pyx`` by pyximport; None without Cython."""
+    try:
+        import pyximport
+    except ImportError:
+        return None
+    pyximport.install(language_level=3, build_dir=os.path.join(HERE, ".pyxbld"))
+    from floor import Floor
+
+    return Floor
+
+
+def build_floor(n, floor=None):
+    """The ir_core loop, the node an extension type that only stores its arguments and no
+    Value around it."""
+    floor = floor or _floor_type()
+    shapes = ((),)
+    vals = [object(), object()]
+    append = vals.append
+    t0 = time.perf_counter()
+    for _ in range(n):
+        node = floor(OP, (vals[-1], vals[-2]), shapes, {"alpha": 1, "beta": 2.0})
+        append(node)
+    return time.perf_counter() - t0, vals
+
+
 def build_harness(n):
     def nothing(op, operands, shapes, attrs):
         return operands
@@ -139,13 +168,21 @@ def main():
 
     n = args.nodes
     rows = {}
-    for name, build, repeats in [
+    systems = [
         ("ir_core", build_ir, args.repeats),
         ("torch.fx", build_fx, max(3, args.repeats // 2)),
         ("plain Python + xxhash", build_python, max(3, args.repeats // 2)),
         ("harness (loop only)", build_harness, args.repeats),
         ("ir_core Generic() call only", construct_only, args.repeats),
-    ]:
+    ]
+    floor = _floor_type()
+    if floor is not None:
+        systems.insert(
+            1, ("Cython floor (stores only)", lambda k: build_floor(k, floor), args.repeats)
+        )
+    else:
+        print("Cython is not installed: no Cython floor row")
+    for name, build, repeats in systems:
         build(min(n, 2000))  # warm up
         rows[name] = median_ns_per_node(build, n, repeats)
 
@@ -159,6 +196,9 @@ def main():
             "ratio_fx_over_ir_core": round(rows["torch.fx"][0] / ir, 2),
             "ratio_python_over_ir_core": round(rows["plain Python + xxhash"][0] / ir, 2),
             "ir_core_minus_harness_ns": round(ir - rows["harness (loop only)"][0], 1),
+            "ir_core_minus_floor_ns": (
+                round(ir - rows["Cython floor (stores only)"][0], 1) if floor is not None else None
+            ),
             "targets": {"ns_per_node_max": 400, "fx_ratio_min": 30, "python_ratio_min": 4},
         },
         "traversal": {
@@ -178,7 +218,9 @@ def main():
         print(f"{name:<30}{median:>10.0f}{median / ir:>12.2f}")
     print(
         f"ir_core: {ir:.0f} ns/node (target <= 400), {c['ir_core_minus_harness_ns']:.0f} ns "
-        f"above the bare loop; torch.fx / ir_core = {c['ratio_fx_over_ir_core']} (target >= 30); "
+        f"above the bare loop"
+        + (f", {c['ir_core_minus_floor_ns']:.0f} above the Cython floor" if floor else "")
+        + f"; torch.fx / ir_core = {c['ratio_fx_over_ir_core']} (target >= 30); "
         f"plain Python / ir_core = {c['ratio_python_over_ir_core']} (target >= 4)"
     )
     t = results["traversal"]

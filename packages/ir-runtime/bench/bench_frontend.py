@@ -152,13 +152,13 @@ def timed_blocks(systems: dict, steps: int, waits: dict, cold: bool = False) -> 
     the systems alternating block by block; ``waits``: name -> what ends a block (waiting for
     its last program).
 
-    Each block starts as a training loop's step does, after steps of its own system: ``WARMUP``
-    untimed steps, waited for, come first. So no block inherits the system before it (its
-    spinning worker threads are done within those steps, and its data no longer fills the
-    caches), and none starts from idle. ``cold``: 20 ms of idle before each block instead, this
-    benchmark's method before ir-runtime 0.17.11. On this 2-core machine idle costs each
-    system's first steps by how much host code and data it touches: torch eager ran 2x slower
-    in blocks after idle, ``jax.jit`` (its step one C++ call) no slower."""
+    Each block starts as a step of a tight training loop does, after steps of its own system:
+    ``WARMUP`` untimed steps, waited for, come first. So no block starts right after the system
+    before it (its worker threads' spinning, its data in the caches) or from idle. ``cold``:
+    20 ms of idle before each block instead, as this benchmark did before ir-runtime 0.17.11
+    (which also took a ratio of medians where ``_ratio`` now pairs each round's blocks). On
+    this 2-core machine idle costs systems unequally: in blocks after it torch eager took
+    1.7-2.2x as long, a compiled step's replay 1.10-1.24x, ``jax.jit`` 1.04-1.15x."""
     samples = {name: [] for name in systems}
     for _ in range(max(3, steps // BLOCK)):
         for name, step in systems.items():
@@ -260,6 +260,7 @@ def bench_step(batch, n_in, n_out, steps, cold=False):
         "batch": batch,
         "w": [n_in, n_out],
         "cold": cold,
+        "warmup_steps": 0 if cold else WARMUP,
         "us": {k: round(v, 1) for k, v in med.items()},
         "lazy_over_jax": _ratio(samples, lazy, "jax.jit"),
         "lazy_over_jax_same_layout": _ratio(samples, lazy, same),
