@@ -85,14 +85,16 @@ def build_python(n):
 
 
 def _floor_type():
-    """``floor.Floor``, built from ``floor.pyx`` by pyximport; None without Cython."""
+    """``floor.Floor``, built from ``floor.pyx`` by pyximport; None without Cython or a C
+    compiler (pyximport raises ImportError for a failed build)."""
     try:
         import pyximport
-    except ImportError:
-        return None
-    pyximport.install(language_level=3, build_dir=os.path.join(HERE, ".pyxbld"))
-    from floor import Floor
 
+        pyximport.install(language_level=3, build_dir=os.path.join(HERE, ".pyxbld"))
+        from floor import Floor
+    except ImportError as e:
+        print(f"no Cython floor row: {e}")
+        return None
     return Floor
 
 
@@ -180,8 +182,6 @@ def main():
         systems.insert(
             1, ("Cython floor (stores only)", lambda k: build_floor(k, floor), args.repeats)
         )
-    else:
-        print("Cython is not installed: no Cython floor row")
     for name, build, repeats in systems:
         build(min(n, 2000))  # warm up
         rows[name] = median_ns_per_node(build, n, repeats)
