@@ -98,32 +98,25 @@ def _floor_type():
     return Floor
 
 
-def build_floor(n, floor=None):
-    """The ir_core loop, the node an extension type that only stores its arguments and no
-    Value around it."""
-    floor = floor or _floor_type()
+def _nothing(op, operands, shapes, attrs):
+    return operands
+
+
+def build_calling(call, n):
+    """The ir_core loop with ``call`` in place of ``Generic(...)`` and no Value around what it
+    returns: ``_nothing`` (the harness), or the Cython floor's type."""
     shapes = ((),)
     vals = [object(), object()]
     append = vals.append
     t0 = time.perf_counter()
     for _ in range(n):
-        node = floor(OP, (vals[-1], vals[-2]), shapes, {"alpha": 1, "beta": 2.0})
+        node = call(OP, (vals[-1], vals[-2]), shapes, {"alpha": 1, "beta": 2.0})
         append(node)
     return time.perf_counter() - t0, vals
 
 
 def build_harness(n):
-    def nothing(op, operands, shapes, attrs):
-        return operands
-
-    shapes = ((),)
-    vals = [object(), object()]
-    append = vals.append
-    t0 = time.perf_counter()
-    for _ in range(n):
-        node = nothing(OP, (vals[-1], vals[-2]), shapes, {"alpha": 1, "beta": 2.0})
-        append(node)
-    return time.perf_counter() - t0, vals
+    return build_calling(_nothing, n)
 
 
 def median_ns_per_node(build, n, repeats):
@@ -180,7 +173,7 @@ def main():
     floor = _floor_type()
     if floor is not None:
         systems.insert(
-            1, ("Cython floor (stores only)", lambda k: build_floor(k, floor), args.repeats)
+            1, ("Cython floor (stores only)", lambda k: build_calling(floor, k), args.repeats)
         )
     for name, build, repeats in systems:
         build(min(n, 2000))  # warm up

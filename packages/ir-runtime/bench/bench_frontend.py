@@ -162,16 +162,17 @@ def timed_blocks(systems: dict, steps: int, waits: dict, cold: bool = False) -> 
     samples = {name: [] for name in systems}
     for _ in range(max(3, steps // BLOCK)):
         for name, step in systems.items():
+            wait = waits.get(name, lambda: None)
             if cold:
                 time.sleep(0.02)
             else:
                 for _ in range(WARMUP):
                     step()
-                waits.get(name, lambda: None)()
+                wait()
             t0 = time.perf_counter()
             for _ in range(BLOCK):
                 step()
-            waits.get(name, lambda: None)()
+            wait()
             samples[name].append((time.perf_counter() - t0) / BLOCK)
     return samples
 
